@@ -1,0 +1,1 @@
+"""kvmem: memory profiling and regression gate for KV-cache strategies on MLX."""

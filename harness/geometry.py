@@ -1,0 +1,137 @@
+"""Model geometry: the shapes a KV cache must hold, and the analytic bytes they need.
+
+A geometry is all the harness needs to know about a model: per layer, whether it is full
+attention, sliding window or recurrent, its KV heads, head dim and dtype. From it follow the
+synthetic K/V shapes and the analytic minimum every measurement is compared against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import mlx.core as mx
+
+KIND_FULL = "full"
+KIND_SLIDING = "sliding"
+KIND_RECURRENT = "recurrent"
+KINDS = (KIND_FULL, KIND_SLIDING, KIND_RECURRENT)
+
+DTYPES = {
+    "float16": mx.float16,
+    "bfloat16": mx.bfloat16,
+    "float32": mx.float32,
+}
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One layer's cache shape; `batch` is the number of sequences served together."""
+
+    index: int
+    kind: str
+    kv_heads: int
+    head_dim: int
+    dtype: mx.Dtype
+    window: int | None = None
+    state_bytes: int = 0
+    batch: int = 1
+
+    def token_bytes(self) -> int:
+        """Bytes one token adds to this layer for one sequence (K and V)."""
+        if self.kind == KIND_RECURRENT:
+            return 0
+        return 2 * self.kv_heads * self.head_dim * self.dtype.size
+
+    def minimum_bytes(self, tokens: int) -> int:
+        """Bytes this layer strictly needs to hold `tokens` tokens of every sequence."""
+        if self.kind == KIND_RECURRENT:
+            return self.state_bytes * self.batch if tokens > 0 else 0
+        held = min(tokens, self.window) if self.kind == KIND_SLIDING else tokens
+        return held * self.token_bytes() * self.batch
+
+
+@dataclass(frozen=True)
+class Geometry:
+    name: str
+    layers: tuple[LayerSpec, ...]
+    vocab: int
+
+    @property
+    def batch(self) -> int:
+        return self.layers[0].batch
+
+    def minimum_bytes(self, tokens: int) -> int:
+        """Analytic bytes the caches of one live request need at `tokens` tokens."""
+        return sum(layer.minimum_bytes(tokens) for layer in self.layers)
+
+    def token_bytes(self) -> int:
+        """Bytes one token adds across all layers while no window is full (one sequence)."""
+        return sum(layer.token_bytes() for layer in self.layers)
+
+    def with_batch(self, batch: int) -> Geometry:
+        return replace(self, layers=tuple(replace(l, batch=batch) for l in self.layers))
+
+
+def build(
+    layers: list[dict], dtype: str = "bfloat16", vocab: int = 32000, name: str = "inline"
+) -> Geometry:
+    """Expand groups such as `{"count": 25, "kind": "sliding", ...}` into layers, in order."""
+    specs: list[LayerSpec] = []
+    for group in layers:
+        group = dict(group)
+        count = group.pop("count", 1)
+        layer_dtype = DTYPES[group.pop("dtype", dtype)]
+        for _ in range(count):
+            specs.append(LayerSpec(index=len(specs), dtype=layer_dtype, **group))
+    return Geometry(name=name, layers=tuple(specs), vocab=vocab)
+
+
+def _gemma_4_26b_a4b() -> list[dict]:
+    # Five sliding-window layers then one global layer, five times. The global layers keep K
+    # and V as separate arrays even though the model shares them, as mlx-lm does.
+    sliding = {"count": 5, "kind": KIND_SLIDING, "kv_heads": 8, "head_dim": 256, "window": 1024}
+    full = {"count": 1, "kind": KIND_FULL, "kv_heads": 2, "head_dim": 512}
+    return [sliding, full] * 5
+
+
+def _qwen3_next_80b_a3b() -> list[dict]:
+    # Three GatedDeltaNet layers then one full-attention layer, twelve times. Each recurrent
+    # layer holds a 32x128x128 float32 state plus a bf16 convolution state of 3x8192.
+    recurrent = {"count": 3, "kind": KIND_RECURRENT, "kv_heads": 0, "head_dim": 0,
+                 "state_bytes": 32 * 128 * 128 * 4 + 3 * 8192 * 2}
+    full = {"count": 1, "kind": KIND_FULL, "kv_heads": 2, "head_dim": 256}
+    return [recurrent, full] * 12
+
+
+PRESETS: dict[str, dict] = {
+    "gemma-4-26b-a4b": {"layers": _gemma_4_26b_a4b(), "vocab": 262144},
+    "qwen3-8b": {
+        "layers": [{"count": 36, "kind": KIND_FULL, "kv_heads": 8, "head_dim": 128}],
+        "vocab": 151936,
+    },
+    "llama-3.1-8b": {
+        "layers": [{"count": 32, "kind": KIND_FULL, "kv_heads": 8, "head_dim": 128}],
+        "vocab": 128256,
+    },
+    "qwen3-30b-a3b": {
+        "layers": [{"count": 48, "kind": KIND_FULL, "kv_heads": 4, "head_dim": 128}],
+        "vocab": 151936,
+    },
+    "qwen3-next-80b-a3b": {"layers": _qwen3_next_80b_a3b(), "vocab": 151936},
+}
+
+
+def preset(
+    name: str,
+    layers: int | None = None,
+    dtype: str = "bfloat16",
+    vocab: int | None = None,
+    window: int | None = None,
+) -> Geometry:
+    """A preset geometry; `layers` keeps the first N layers, `window` resizes sliding layers."""
+    spec = PRESETS[name]
+    geometry = build(spec["layers"], dtype=dtype, vocab=vocab or spec["vocab"], name=name)
+    specs = geometry.layers[:layers] if layers else geometry.layers
+    if window is not None:
+        specs = tuple(replace(l, window=window) if l.kind == KIND_SLIDING else l for l in specs)
+    return replace(geometry, layers=tuple(specs))

@@ -1,0 +1,1 @@
+"""Reference implementations of KV-cache strategies, with their known bugs switchable."""
