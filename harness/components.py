@@ -1,0 +1,76 @@
+"""Cache components by registry name or import path.
+
+A scenario names each component either by a registry name (`mlx_lm.KVCache`,
+`reference.prefix_cache`) or by an import path `package.module:attr`, so a user can profile
+their own cache code without touching the harness. mlx-lm's own classes are driven as they are;
+the small adapters below only translate a layer's geometry into their constructor arguments.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+from mlx_lm.models import cache as mlx_cache
+
+from .geometry import LayerSpec
+
+
+def kv_cache(spec: LayerSpec) -> mlx_cache.KVCache:
+    """mlx-lm's growing cache: capacity in steps of 256 slots, by concatenation."""
+    return mlx_cache.KVCache()
+
+
+def rotating_kv_cache(
+    spec: LayerSpec, max_size: int | None = None, keep: int = 0
+) -> mlx_cache.RotatingKVCache:
+    """mlx-lm's sliding-window cache; the window defaults to the layer's."""
+    return mlx_cache.RotatingKVCache(max_size=max_size or spec.window, keep=keep)
+
+
+def batch_rotating_kv_cache(
+    spec: LayerSpec, max_size: int | None = None
+) -> mlx_cache.BatchRotatingKVCache:
+    """mlx-lm's batched sliding-window cache, with no left padding."""
+    return mlx_cache.BatchRotatingKVCache(
+        max_size=max_size or spec.window, left_padding=[0] * spec.batch
+    )
+
+
+def quantized_kv_cache(
+    spec: LayerSpec, bits: int = 8, group_size: int = 64
+) -> mlx_cache.QuantizedKVCache:
+    """mlx-lm's quantized cache (keys and values packed to `bits`)."""
+    return mlx_cache.QuantizedKVCache(group_size=group_size, bits=bits)
+
+
+REGISTRY: dict[str, str] = {
+    "mlx_lm.KVCache": "harness.components:kv_cache",
+    "mlx_lm.RotatingKVCache": "harness.components:rotating_kv_cache",
+    "mlx_lm.BatchRotatingKVCache": "harness.components:batch_rotating_kv_cache",
+    "mlx_lm.QuantizedKVCache": "harness.components:quantized_kv_cache",
+}
+
+
+class ComponentError(ValueError):
+    """A component name or import path that does not resolve to a callable."""
+
+
+def resolve(name: str) -> Callable[..., Any]:
+    """The factory behind a registry name or a `package.module:attr` import path."""
+    path = REGISTRY.get(name, name)
+    if ":" not in path:
+        known = ", ".join(sorted(REGISTRY))
+        raise ComponentError(
+            f"unknown component {name!r}: expected one of {known}, "
+            "or an import path 'package.module:factory'"
+        )
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # any import failure is the user's path, not ours
+        raise ComponentError(f"cannot import module {module_name!r} for {name!r}: {exc}") from exc
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ComponentError(f"{module_name!r} has no callable {attr!r} (from {name!r})")
+    return factory
