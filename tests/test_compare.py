@@ -1,0 +1,225 @@
+"""The regression gate on summaries written in the report schema: verdicts, tolerances, outputs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from harness import compare as cmp
+from harness.formats import COMMENT_LIMIT, MARKER, format_bytes, render_markdown, sparkline
+from summaries import MiB, summary, write
+
+
+def run(argv: list[str], capsys) -> tuple[int, str, str]:
+    parser = argparse.ArgumentParser(prog="harness")
+    cmp.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["compare", *argv])
+    code = args.func(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def suites(tmp_path, base: list[dict], head: list[dict]) -> tuple[str, str]:
+    for root, items in (("base", base), ("head", head)):
+        (tmp_path / root).mkdir()
+        for item in items:
+            write(tmp_path / root, item)
+    return str(tmp_path / "base"), str(tmp_path / "head")
+
+
+def pair(base: dict, head: dict) -> cmp.Comparison:
+    from pathlib import Path
+    return cmp.compare([cmp.Summary(Path("base.json"), base)],
+                       [cmp.Summary(Path("head.json"), head)])
+
+
+def verdicts(comparison: cmp.Comparison) -> dict[str, str]:
+    return {d.metric: d.verdict for e in comparison.entries for d in e.deltas}
+
+
+def test_identical_suites_say_no_change(tmp_path, capsys):
+    items = [summary("trim", "before", retained=8 * MiB), summary("trim", "after")]
+    base, head = suites(tmp_path, items, items)
+    code, out, _ = run([base, head, "--format", "markdown"], capsys)
+    assert code == 0
+    assert out.splitlines()[0] == MARKER
+    assert out.splitlines()[1] == "### ✅ kvmem: no change (2 variants compared)"
+    assert "<details><summary>2 variants unchanged</summary>" in out
+    assert "| 🔴" not in out and "| 🟢" not in out
+
+
+def test_peak_noise_is_absorbed_and_no_more():
+    base = summary("s", "v", peak=100 * MiB)
+    assert verdicts(pair(base, summary("s", "v", peak=100 * MiB + 4 * MiB)))["peak"] == "unchanged"
+    assert verdicts(pair(base, summary("s", "v", peak=100 * MiB + 4 * MiB + 1)))["peak"] == "regression"
+    assert verdicts(pair(base, summary("s", "v", peak=95 * MiB)))["peak"] == "improvement"
+
+
+def test_active_byte_metrics_are_exact():
+    base = summary("s", "v", steady=8 * MiB, retained=0, leak_rate=0)
+    head = summary("s", "v", steady=8 * MiB + 512, retained=256, leak_rate=300)
+    result = verdicts(pair(base, head))
+    assert result["steady"] == "regression"      # one token of a 2x64 fp16 layer: 512 B
+    assert result["retained"] == "unchanged"     # within the 256 B floor
+    assert result["leak_rate"] == "regression"
+    delta = next(d for d in pair(base, head).entries[0].deltas if d.metric == "steady")
+    assert (delta.delta, delta.relative) == (512, 512 / (8 * MiB))
+
+
+def test_rss_is_generous():
+    base = summary("s", "v", rss_peak=400 * MiB)
+    assert verdicts(pair(base, summary("s", "v", rss_peak=460 * MiB)))["rss_peak"] == "unchanged"
+    assert verdicts(pair(base, summary("s", "v", rss_peak=480 * MiB)))["rss_peak"] == "regression"
+
+
+def test_scenario_tolerance_then_command_line_override(tmp_path, capsys):
+    loose = {"peak": {"rel": 0.5, "abs": "8 MiB"}}
+    base, head = suites(tmp_path, [summary("s", "v", peak=20 * MiB)],
+                        [summary("s", "v", peak=29 * MiB, compare=loose)])
+    code, out, _ = run([base, head], capsys)
+    assert code == 0 and "no change" in out          # +9 MiB is under 50% of 20 MiB
+    code, out, _ = run([base, head, "--rel", "peak=0.25"], capsys)
+    assert code == 1 and "+9 MiB" in out and "+45.0%" in out
+    code, out, _ = run([base, head, "--rel", "peak=0", "--abs", "peak=10 MiB"], capsys)
+    assert code == 0
+
+
+def test_new_removed_and_failed_are_listed(tmp_path, capsys):
+    base, head = suites(
+        tmp_path,
+        [summary("old", "v"), summary("kept", "v"), summary("crash", "v")],
+        [summary("kept", "v"), summary("fresh", "v"), summary("crash", "v", status="failed")])
+    code, out, _ = run([base, head], capsys)
+    assert code == 1                                   # the head run died where the base ran
+    assert "🆕 New (1): fresh/v" in out
+    assert "🗑️ Removed (1): old/v" in out
+    assert "💥 Failed (1): crash/v (head failed: child died with signal 11)" in out
+    assert out.startswith("🔴 kvmem: memory regression in 1 of 4 variants; 1 new, 1 removed, 1 failed")
+
+
+def test_failed_on_both_sides_is_listed_not_a_regression():
+    failed = summary("s", "v", status="refused")
+    comparison = pair(failed, failed)
+    assert comparison.entries[0].state == cmp.FAILED
+    assert comparison.exit_code == 0
+
+
+def test_backend_mismatch_is_said_and_never_a_regression(tmp_path, capsys):
+    base, head = suites(tmp_path, [summary("s", "v", environment={"backend": "metal"})],
+                        [summary("s", "v", peak=100 * MiB)])
+    code, out, _ = run([base, head, "--format", "markdown"], capsys)
+    assert code == 0
+    assert "> ⚠️ backends differ (base metal, head cpu): results across backends are not compared" in out
+    assert "⛔ Not compared (1): `s/v` (backend metal vs cpu: not compared)" in out
+    assert "kvmem: nothing compared" in out
+
+
+def test_mlx_version_mismatch_is_said():
+    comparison = pair(summary("s", "v"), summary("s", "v", environment={"mlx": "0.33.0"}))
+    assert comparison.entries[0].state == cmp.COMPARED
+    assert comparison.notes == ["mlx/mlx-lm versions differ (base 0.32.4/0.32.2, head "
+                                "0.33.0/0.32.2): deltas include MLX's own changes"]
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{not json", "not a valid summary (corrupt JSON"),
+    ("[1, 2]", "not a valid summary (expected a JSON object)"),
+    ('{"schema": 7}', "unsupported summary schema 7, expected 1"),
+    ('{"schema": 1, "scenario": "s", "variant": "v", "status": "ok"}', "status ok but no 'metrics'"),
+    (b"\xff\xfe\x00", "not a valid summary"),
+])
+def test_corrupt_summary_is_a_clear_error(tmp_path, capsys, content, message):
+    base, head = suites(tmp_path, [summary("s", "v")], [summary("s", "v")])
+    bad = tmp_path / "head" / "s" / "v" / "summary.json"
+    bad.write_bytes(content if isinstance(content, bytes) else content.encode())
+    code, out, err = run([base, head], capsys)
+    assert code == 2 and out == ""
+    assert err.startswith(f"error: {bad}: ") and message in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["missing", "head"], "missing: no such file or folder"),
+    (["base", "empty"], "empty: no summaries found"),
+    (["base", "head", "--rel", "pek=0.1"], "--rel pek=0.1: expected METRIC=VALUE"),
+    (["base", "head", "--abs", "peak=lots"], "'lots': expected a size in bytes"),
+    (["base", "head", "--rel", "peak=x"], "not a fraction: 'x'"),
+])
+def test_bad_arguments_exit_2(tmp_path, capsys, monkeypatch, argv, message):
+    suites(tmp_path, [summary("s", "v")], [summary("s", "v")])
+    (tmp_path / "empty").mkdir()
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(argv, capsys)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_markdown_shows_changed_rows_with_bytes_percent_and_sparklines(tmp_path, capsys):
+    base, head = suites(
+        tmp_path,
+        [summary("trim", "after", retained=0, steady=8 * MiB), summary("grow", "kv")],
+        [summary("trim", "after", retained=8 * MiB, steady=16 * MiB), summary("grow", "kv")])
+    code, out, _ = run([base, head, "--format", "markdown"], capsys)
+    assert code == 1
+    lines = out.splitlines()
+    assert lines[:2] == [MARKER, "### 🔴 kvmem: memory regression in 1 of 2 variants"]
+    assert ("| 🔴 | `trim/after` | steady | 8 MiB | 16 MiB | **+8 MiB** (+8,388,608 B) | +100.0% |"
+            in lines)
+    assert "| 🔴 | `trim/after` | retained | 0 B | 8 MiB | **+8 MiB** (+8,388,608 B) | from 0 |" in lines
+    assert not any(line.startswith("| ⚪") for line in lines)
+    spark = [line.split() for line in lines if line.startswith(("trim/after base", "  "))]
+    assert [(row[-5], row[-2]) for row in spark] == [("base", "8"), ("head", "16")]
+    base_blocks, head_blocks = spark[0][-4], spark[1][-4]    # one scale: 128 KiB .. 16 MiB
+    assert len(base_blocks) == len(head_blocks) == 64
+    assert base_blocks[0] == head_blocks[0] == "▁" and base_blocks[-1] == "▄" and head_blocks[-1] == "█"
+    assert "<details><summary>1 variant unchanged</summary>" in out and "`grow/kv`" in out
+
+
+def test_sparkline_scale():
+    assert sparkline([0, 1, 2, 3, 4, 5, 6, 7, 8], 0, 8) == "▁▂▃▄▅▆▇██"
+    assert sparkline([5, 5], 5, 5) == "▁▁"
+
+
+def test_format_bytes():
+    assert [format_bytes(v) for v in (0, 512, 1536, 8 * MiB, 5 * 2**30)] == \
+        ["0 B", "512 B", "1.5 KiB", "8 MiB", "5 GiB"]
+    assert format_bytes(-3 * MiB, signed=True) == "-3 MiB"
+
+
+def test_comment_for_many_changed_rows_stays_under_the_cap():
+    from pathlib import Path
+    base = [cmp.Summary(Path(f"b{i}"), summary(f"scenario_{i:03d}", "variant_with_a_long_name"))
+            for i in range(400)]
+    head = [cmp.Summary(Path(f"h{i}"), summary(
+        f"scenario_{i:03d}", "variant_with_a_long_name", peak=50 * MiB, steady=9 * MiB,
+        final=2 * MiB, retained=1 * MiB, leak_rate=4096, largest_spike=9 * MiB,
+        rss_peak=900 * MiB, overhead_ratio=2.0)) for i in range(400)]
+    text = render_markdown(cmp.compare(base, head))
+    assert len(text) <= COMMENT_LIMIT < 65_536
+    assert text.startswith(MARKER + "\n### 🔴 kvmem: memory regression in 400 of 400 variants")
+    truncated = [line for line in text.splitlines() if line.startswith("_Truncated: ")]
+    shown = sum(line.startswith("| 🔴") for line in text.splitlines())
+    assert len(truncated) == 1 and 100 < shown < 3200
+    assert text.count("```") % 2 == 0 and text.count("<details>") == text.count("</details>")
+
+
+def test_json_and_junit(tmp_path, capsys):
+    base, head = suites(tmp_path, [summary("s", "a"), summary("s", "b"), summary("s", "gone")],
+                        [summary("s", "a", final=2 * MiB), summary("s", "b")])
+    code, out, _ = run([base, head, "--format", "json"], capsys)
+    data = json.loads(out)
+    assert code == 1 and data["verdict"] == "regression"
+    final = data["entries"][0]["metrics"]["final"]
+    assert (final["base"], final["head"], final["delta"], final["verdict"]) == \
+        (MiB, 2 * MiB, MiB, "regression")
+    assert [e["state"] for e in data["entries"]] == ["compared", "compared", "removed"]
+
+    out_file = tmp_path / "out" / "junit.xml"
+    code, out, _ = run([base, head, "--format", "junit", "--out", str(out_file)], capsys)
+    suite = ET.parse(out_file).getroot().find("testsuite")
+    assert code == 1 and out.startswith("🔴")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("3", "1", "1")
+    failure = suite.find("testcase[@name='a']/failure")
+    assert failure.get("message") == "final: 1 MiB -> 2 MiB (+1 MiB, +100.0%)"
