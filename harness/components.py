@@ -49,6 +49,8 @@ REGISTRY: dict[str, str] = {
     "mlx_lm.RotatingKVCache": "harness.components:rotating_kv_cache",
     "mlx_lm.BatchRotatingKVCache": "harness.components:batch_rotating_kv_cache",
     "mlx_lm.QuantizedKVCache": "harness.components:quantized_kv_cache",
+    "reference.rotating": "reference_impl.rotating:rotating",
+    "reference.batch_rotating": "reference_impl.rotating:batch_rotating",
 }
 
 
