@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -366,25 +365,19 @@ def add_parser(subparsers) -> None:
     parser.add_argument("base", help="report folder, summary.json or baselines folder")
     parser.add_argument("head", help="report folder, summary.json or baselines folder")
     add_options(parser)
-    parser.set_defaults(func=run_compare)
+    parser.set_defaults(handler=run_compare)
 
 
 def emit(comparison: Comparison, args: argparse.Namespace) -> int:
-    """Render in the requested format to --out or stdout; return the exit status."""
-    from harness.formats import render
+    """Render in the requested format to --out (the verdict still goes to stdout) or stdout."""
+    from harness.formats import render, render_text
+    from harness.report import atomic_text
 
-    text = render(comparison, args.format)
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, out)
-        if args.format != "text":
-            from harness.formats import render_text
-            print(render_text(comparison))
+        atomic_text(Path(args.out), render(comparison, args.format))
+        sys.stdout.write(render_text(comparison))
     else:
-        sys.stdout.write(text)
+        sys.stdout.write(render(comparison, args.format))
     return comparison.exit_code
 
 
@@ -393,7 +386,7 @@ def thresholds(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, fl
             _metric_values(args.abs, "--abs", size))
 
 
-def run_compare(args: argparse.Namespace) -> int:
+def run_compare(args: argparse.Namespace, console=None) -> int:
     try:
         rel, abs_ = thresholds(args)
         base, head = load(args.base), load(args.head)

@@ -1,0 +1,170 @@
+"""Reports: samples.csv, summary.json and memory.png per variant, an overlay per scenario.
+
+Every file is written to a temporary name beside its target and renamed into place, so a
+crash or a bad later input never leaves half a report, nor destroys one already written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import mlx.core as mx  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from .detect import Finding  # noqa: E402
+
+SCHEMA = 1
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+SERIES_POINTS = 64
+PLOT_POINTS = 4000
+FINDING_STYLE = {"spike": ("v", "tab:red"), "growth": ("^", "tab:orange"),
+                 "leak": ("o", "tab:purple"), "retained": ("s", "tab:brown"),
+                 "host_memory": ("D", "tab:pink")}
+
+
+def backend() -> str:
+    """Which MLX backend produced the figures: cpu, metal or cuda."""
+    if mx.default_device().type == mx.DeviceType.cpu:
+        return "cpu"
+    if mx.metal.is_available():
+        return "metal"
+    return "cuda"
+
+
+def environment() -> dict:
+    import importlib.metadata as md
+
+    try:
+        revision = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
+        ).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        revision = None
+    return {
+        "backend": backend(),
+        "mlx": md.version("mlx"),
+        "mlx_lm": md.version("mlx-lm"),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "platform": platform.platform(),
+        "git_revision": revision,
+    }
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Call `write` on a temporary file beside `path`, then rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.chmod(tmp, 0o666 & ~_UMASK)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+def series(frame: pd.DataFrame, points: int = SERIES_POINTS) -> list[int]:
+    """Active bytes above the baseline, reduced to `points` bins (the max of each)."""
+    if frame.empty:
+        return []
+    active = frame["active"] - frame["active"].iloc[0]
+    bins = pd.Series(range(len(active))) * points // len(active)
+    return [int(v) for v in active.groupby(bins.values).max()]
+
+
+def _thin(frame: pd.DataFrame) -> pd.DataFrame:
+    """At most PLOT_POINTS rows, each bin keeping its maximum, so spikes survive."""
+    if len(frame) <= PLOT_POINTS:
+        return frame
+    bins = frame["step"] * PLOT_POINTS // len(frame)
+    return frame.groupby(bins.values).max(numeric_only=True)
+
+
+def plot_variant(frame: pd.DataFrame, findings: list[Finding], title: str, path: Path) -> None:
+    mib = 2**20
+    base = frame["active"].iloc[0]
+    thin = _thin(frame)
+    fig, ax = plt.subplots(figsize=(11, 5.5))
+    ax.fill_between(thin["step"], (thin["active"] - base) / mib, (thin["peak"] - base) / mib,
+                    color="tab:blue", alpha=0.2, step="post", label="step peak")
+    ax.step(thin["step"], (thin["active"] - base) / mib, where="post", color="tab:blue",
+            label="MLX active")
+    ax.step(thin["step"], thin["logical"] / mib, where="post", color="tab:green",
+            linestyle="--", label="logical (components' nbytes)")
+    ax.step(thin["step"], thin["minimum"] / mib, where="post", color="black", linestyle=":",
+            label="analytic minimum")
+    ax.step(thin["step"], (thin["rss"] - frame["rss"].iloc[0]) / mib, where="post",
+            color="tab:gray", alpha=0.7, label="process RSS")
+    by_step = frame.set_index("step")
+    for finding in findings:
+        marker, color = FINDING_STYLE.get(finding.kind, ("x", "red"))
+        steps = [s for s in finding.steps if s in by_step.index]
+        level = "peak" if finding.kind == "spike" else "active"
+        ax.scatter(steps, (by_step.loc[steps, level] - base) / mib, marker=marker,
+                   color=color, zorder=5, label=f"{finding.kind} ({finding.count})")
+    ax.set_xlabel("step (prefill chunk, decode token, fetch, store)")
+    ax.set_ylabel("MiB above baseline")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    plt.close(fig)
+
+
+def plot_overlay(frames: dict[str, pd.DataFrame], title: str, path: Path) -> None:
+    """Every variant's active memory (and peak band) on one axis."""
+    mib = 2**20
+    fig, ax = plt.subplots(figsize=(11, 5.5))
+    for name, frame in frames.items():
+        if frame.empty:
+            continue
+        base = frame["active"].iloc[0]
+        thin = _thin(frame)
+        line, = ax.step(thin["step"], (thin["active"] - base) / mib, where="post", label=name)
+        ax.fill_between(thin["step"], (thin["active"] - base) / mib,
+                        (thin["peak"] - base) / mib, color=line.get_color(), alpha=0.15,
+                        step="post")
+    ax.set_xlabel("step")
+    ax.set_ylabel("MiB above baseline (band: step peak)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    plt.close(fig)
+
+
+def write_variant(out: Path, frame: pd.DataFrame, summary: dict,
+                  findings: list[Finding]) -> None:
+    """samples.csv, summary.json and (for a run with samples) memory.png into `out`."""
+    atomic_write(out / "samples.csv", lambda tmp: frame.to_csv(tmp, index=False))
+    if not frame.empty:
+        title = f"{summary['scenario']} / {summary['variant']} ({summary['environment']['backend']})"
+        plot_variant(frame, findings, title, out / "memory.png")
+    atomic_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+
+
+def load_summary(path: Path) -> dict:
+    """A summary from a summary.json or the folder holding it."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "summary.json"
+    return json.loads(path.read_text())

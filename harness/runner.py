@@ -1,0 +1,204 @@
+"""Engine loop: serves a scenario's workload as an MLX server would, one probed step at a time.
+
+For each request: look the prompt up in the store (if any), prefill the rest in chunks, decode,
+store, release. A chat runs its turns against one session. Every chunk, token, fetch and store is
+one step bracketed by the probe. Each variant runs in its own process (`execute`), so a variant
+that segfaults or is killed for memory becomes a failed run instead of taking the others down.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import mlx.core as mx
+import numpy as np
+
+from .components import resolve
+from .geometry import KIND_RECURRENT, KIND_SLIDING, Geometry
+from .kv import RecurrentState, SyntheticKV
+from .probe import Probe
+from .scenario import ScenarioSpec, WorkloadSpec
+
+
+def request_plan(workload: WorkloadSpec, vocab: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(prompt, generated) token ids per served request, in order.
+
+    Ids are drawn per request from (seed, request index), so requests differ unless a `prefix`
+    copies an earlier prompt's head or `repeat` serves the very same request again.
+    """
+    prompts: list[np.ndarray] = []
+    plan = []
+    for index, request in enumerate(workload.requests or []):
+        rng = np.random.default_rng([seed, index])
+        prompt = rng.integers(0, vocab, request.prompt, dtype=np.int64)
+        if request.prefix is not None:
+            prompt[: request.prefix.tokens] = prompts[request.prefix.request][: request.prefix.tokens]
+        prompts.append(prompt)
+        generated = rng.integers(0, vocab, request.decode, dtype=np.int64)
+        plan.extend([(prompt, generated)] * request.repeat)
+    return plan
+
+
+def planned_steps(spec: ScenarioSpec) -> int:
+    """Steps the workload takes with no prefix hit (an upper bound for the progress bar)."""
+    workload = spec.workload
+    chunk = workload.prefill_chunk
+    if workload.chat is not None:
+        chat = workload.chat
+        return chat.turns * (math.ceil(chat.user / chunk) + chat.model + 1) + 1
+    extra = 3 if spec.cache.store is not None else 1  # fetch, store, idle
+    return 1 + sum(
+        r.repeat * (math.ceil(r.prompt / chunk) + r.decode + extra) for r in workload.requests
+    )
+
+
+def _component(spec: Any, first_arg: Any) -> Any:
+    return resolve(spec.component)(first_arg, **spec.options)
+
+
+class Engine:
+    """Serves one scenario variant in this process, recording one probe row per step."""
+
+    def __init__(self, spec: ScenarioSpec, probe: Probe,
+                 progress: Callable[[int], None] | None = None):
+        self.spec = spec
+        self.geometry: Geometry = spec.geometry()
+        self.probe = probe
+        self.progress = progress
+        self.source = SyntheticKV(spec.sampling.seed, self.geometry.layers)
+        cache = spec.cache
+        self.store = _component(cache.store, self.geometry) if cache.store else None
+        self.session = _component(cache.session, self.geometry) if cache.session else None
+        self._live: list[list] = []
+        self._request = -1
+        self._turn = -1
+        self._tokens = 0
+
+    def make_caches(self) -> list:
+        """A fresh cache per layer: recurrent layers hold a fixed state, sliding layers a window."""
+        caches = []
+        for layer in self.geometry.layers:
+            if layer.kind == KIND_RECURRENT:
+                caches.append(RecurrentState(layer))
+            elif layer.kind == KIND_SLIDING:
+                caches.append(_component(self.spec.cache.sliding, layer))
+            else:
+                caches.append(_component(self.spec.cache.layer, layer))
+        return caches
+
+    def _record(self, phase: str, work: int) -> None:
+        logical = sum(c.nbytes for caches in self._live for c in caches)
+        host = 0
+        for part in (self.store, self.session):
+            if part is not None:
+                logical += part.nbytes
+                host += getattr(part, "host_bytes", 0)
+        self.probe.end(phase, self._request, self._turn, self._tokens, logical, host,
+                       self.geometry.minimum_bytes(self._tokens), work)
+        if self.progress is not None:
+            self.progress(self.probe.steps)
+
+    def _forward(self, caches: list, tokens: int) -> int:
+        """One model step over every layer: fresh K/V in, cache update, evaluated together."""
+        outputs, work = [], 0
+        for layer, cache in zip(self.geometry.layers, caches):
+            keys, values = self.source.make(layer, tokens)
+            work += self.source.input_bytes(layer, tokens)
+            outputs.append(cache.update_and_fetch(keys, values))
+        mx.eval(outputs)
+        return work
+
+    def prefill(self, caches: list, prompt: np.ndarray, start: int, held: int = 0,
+                phase: str = "prefill") -> None:
+        """Prefill `prompt[start:]` in chunks onto caches already holding `held` other tokens."""
+        chunk = self.spec.workload.prefill_chunk
+        ids = tuple(prompt.tolist())
+        for pos in range(start, len(prompt), chunk):
+            done = min(pos + chunk, len(prompt))
+            self.probe.begin()
+            work = self._forward(caches, done - pos)
+            self._tokens = held + done
+            if self.store is not None:
+                self.store.on_prefill(ids[:done], done, caches)
+            self._record(phase, work)
+
+    def decode(self, caches: list, steps: int) -> None:
+        for _ in range(steps):
+            self.probe.begin()
+            work = self._forward(caches, 1)
+            if self.session is not None:
+                logits = self.source.logits(self.geometry.vocab)
+                mx.eval(logits)
+                work += logits.nbytes
+                self.session.keep_logits(logits)
+                del logits
+            self._tokens += 1
+            self._record("decode", work)
+
+    def idle(self) -> None:
+        """A quiescent sample: nothing in flight, what remains is what is held."""
+        self.probe.begin()
+        self._record("idle", 0)
+
+    def serve_requests(self) -> None:
+        plan = request_plan(self.spec.workload, self.geometry.vocab, self.spec.sampling.seed)
+        for index, (prompt, generated) in enumerate(plan):
+            self._request, self._tokens = index, 0
+            caches, matched = None, 0
+            if self.store is not None:
+                self.probe.begin()
+                caches, matched = self.store.fetch(tuple(prompt.tolist()))
+                if caches is not None:
+                    mx.eval([c.state for c in caches])
+                    self._live, self._tokens = [caches], matched
+                self._record("fetch", 0)
+            if caches is None:
+                caches, matched = self.make_caches(), 0
+                self._live = [caches]
+            self.prefill(caches, prompt, matched)
+            self.decode(caches, len(generated))
+            if self.store is not None:
+                self.probe.begin()
+                self.store.store(tuple(np.concatenate([prompt, generated]).tolist()), caches)
+                self._record("store", 0)
+            self._live, self._tokens = [], 0
+            del caches
+            self.idle()
+
+    def serve_chat(self) -> None:
+        chat = self.spec.workload.chat
+        rng = np.random.default_rng([self.spec.sampling.seed, 0])
+        turn_tokens = rng.integers(0, self.geometry.vocab, chat.user + chat.model)
+        caches = self.make_caches()
+        self._live, self._request, turns = [caches], 0, []
+        for turn in range(chat.turns):
+            self._turn = turn
+            if self.session is not None:
+                self.session.start_turn()
+                dropped = self.session.evict(list(turns))
+                if dropped:
+                    turns = turns[dropped:]
+                    # The truncated history is re-prefilled into new caches while the old ones
+                    # are still alive: the moment both exist is what the probe must see.
+                    fresh = self.make_caches()
+                    self._live = [caches, fresh]
+                    history = np.resize(turn_tokens, sum(turns))
+                    self.prefill(fresh, history, 0, phase="evict")
+                    caches = fresh
+                    self._live = [caches]
+            self.prefill(caches, turn_tokens[: chat.user], 0, held=sum(turns))
+            self.decode(caches, chat.model)
+            turns.append(chat.user + chat.model)
+            self.idle()
+
+    def serve(self) -> None:
+        self.idle()  # the baseline: pools drawn, nothing cached yet
+        if self.spec.workload.chat is not None:
+            self.serve_chat()
+        else:
+            self.serve_requests()
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
