@@ -1,0 +1,212 @@
+"""TurboQuant-style KV cache (seed 000): rotate, then quantize every coordinate to `bits` bits.
+
+A seeded random orthogonal rotation spreads each key/value vector's energy evenly over its
+coordinates, so one absmax scale per vector and a uniform b-bit grid lose little. Codes are packed
+into uint32 words (bit planes of 32 coordinates), so a vector of D coordinates costs exactly
+D*b/8 bytes plus a 2-byte scale: about b/16 of fp16.
+
+Prefill chunks are kept in fp16 and quantized lazily when decoding starts (one token per update).
+`on_restore` is the seed's bug switch for rebuilding a cache from stored blocks:
+`dequantize` (before) expands it into a full fp16 `KVCache`, 16/b times the codes, and the
+quantized and fp16 copies coexist while it does; `keep` (after) stays quantized.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import KVCache
+
+BITS = (2, 3, 4, 8)
+ON_RESTORE = ("dequantize", "keep")
+_WORD = 32
+
+
+@lru_cache(maxsize=None)
+def rotation(head_dim: int, seed: int = 0) -> mx.array:
+    """The random orthogonal matrix for `head_dim`, float32, the same for a given seed."""
+    gaussian = np.random.default_rng(seed).standard_normal((head_dim, head_dim))
+    q, r = np.linalg.qr(gaussian)
+    q = q * np.sign(np.diag(r))
+    matrix = mx.array(q.astype(np.float32))
+    mx.eval(matrix)
+    return matrix
+
+
+def pack(codes: mx.array, bits: int) -> mx.array:
+    """Pack codes (..., D) < 2**bits into uint32 words (..., D // 32 * bits), one bit plane each."""
+    *lead, dim = codes.shape
+    grouped = codes.astype(mx.uint32).reshape(*lead, dim // _WORD, _WORD)
+    shifts = mx.arange(_WORD, dtype=mx.uint32)
+    planes = [(((grouped >> plane) & 1) << shifts).sum(axis=-1) for plane in range(bits)]
+    return mx.stack(planes, axis=-1).reshape(*lead, dim // _WORD * bits)
+
+
+def unpack(words: mx.array, bits: int, dim: int) -> mx.array:
+    """Inverse of `pack`: uint32 codes (..., dim)."""
+    *lead, _ = words.shape
+    planes = words.reshape(*lead, dim // _WORD, bits, 1)
+    shifts = mx.arange(_WORD, dtype=mx.uint32)
+    codes = mx.zeros((*lead, dim // _WORD, _WORD), dtype=mx.uint32)
+    for plane in range(bits):
+        codes = codes | (((planes[..., plane, :] >> shifts) & 1) << plane)
+    return codes.reshape(*lead, dim)
+
+
+def quantize(x: mx.array, bits: int, seed: int = 0) -> tuple[mx.array, mx.array]:
+    """(packed codes, per-vector scale in x's dtype) of x (..., D) rotated."""
+    levels = 2**bits - 1
+    y = x.astype(mx.float32) @ rotation(x.shape[-1], seed)
+    scale = mx.abs(y).max(axis=-1, keepdims=True)
+    unit = y / mx.where(scale > 0, scale, 1)
+    codes = mx.round((unit + 1) * (levels / 2))
+    return pack(codes, bits), scale.astype(x.dtype)
+
+
+def dequantize(
+    words: mx.array, scale: mx.array, bits: int, dim: int, seed: int = 0
+) -> mx.array:
+    """x (..., dim) in the scale's dtype, rotated back."""
+    levels = 2**bits - 1
+    unit = unpack(words, bits, dim).astype(mx.float32) * (2 / levels) - 1
+    y = unit * scale.astype(mx.float32)
+    return (y @ rotation(dim, seed).T).astype(scale.dtype)
+
+
+class TurboQuantKVCache:
+    """Layer cache holding rotated b-bit codes; prefill stays fp16 until decoding starts."""
+
+    step = 256
+
+    def __init__(self, head_dim: int, bits: int = 4, on_restore: str = "dequantize", seed: int = 0):
+        if bits not in BITS:
+            raise ValueError(f"bits must be one of {BITS}, got {bits}")
+        if on_restore not in ON_RESTORE:
+            raise ValueError(f"on_restore must be one of {ON_RESTORE}, got {on_restore!r}")
+        if head_dim % _WORD:
+            raise ValueError(f"head_dim must be a multiple of {_WORD}, got {head_dim}")
+        self.head_dim = head_dim
+        self.bits = bits
+        self.on_restore = on_restore
+        self.seed = seed
+        rotation(head_dim, seed)  # built once per (head_dim, seed) and shared, before any step
+        self.packed: list[mx.array] | None = None  # key codes, key scales, value codes, value scales
+        self.quantized = 0  # tokens held as codes; the rest wait in `pending`
+        self.pending = KVCache()
+        self.offset = 0
+
+    def options(self) -> dict:
+        return {"head_dim": self.head_dim, "bits": self.bits, "on_restore": self.on_restore,
+                "seed": self.seed}
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        """Prefill chunks wait in fp16; a single token first quantizes them, then itself.
+
+        Returns what the cache holds, unexpanded, as mlx-lm's QuantizedKVCache does: the codes
+        and scales (sliced to the tokens held) and the fp16 keys/values still pending.
+        """
+        self.offset += keys.shape[2]
+        if keys.shape[2] > 1:
+            self.pending.update_and_fetch(keys, values)
+        else:
+            self._flush()
+            self._append(keys, values)
+        return self._held()
+
+    def _held(self):
+        codes = [a[..., : self.quantized, :] for a in self.packed] if self.packed else []
+        pending = list(self.pending.keys_and_values()) if self.pending.offset else []
+        return tuple(codes), tuple(pending)
+
+    def _flush(self) -> None:
+        """Quantize the fp16 tokens kept since the last decode step (lazy quantization)."""
+        if self.pending.offset:
+            self._append(*self.pending.keys_and_values())
+            self.pending = KVCache()
+
+    def _append(self, keys: mx.array, values: mx.array) -> None:
+        parts = [*quantize(keys, self.bits, self.seed), *quantize(values, self.bits, self.seed)]
+        start, end = self.quantized, self.quantized + keys.shape[2]
+        if self.packed is None or end > self.packed[0].shape[2]:
+            slots = -(-(end - (self.packed[0].shape[2] if self.packed else 0)) // self.step)
+            grow = [mx.zeros((*p.shape[:2], slots * self.step, p.shape[3]), p.dtype) for p in parts]
+            if self.packed is None:
+                self.packed = grow
+            else:
+                held = [p[..., :start, :] for p in self.packed]
+                self.packed = [mx.concatenate([h, g], axis=2) for h, g in zip(held, grow)]
+        for buffer, part in zip(self.packed, parts):
+            buffer[..., start:end, :] = part
+        self.quantized = end
+
+    def _parts(self, start: int, end: int) -> list[mx.array]:
+        """Codes and scales of tokens [start, end): views of the codes, pending ones quantized."""
+        parts = [p[..., start : min(end, self.quantized), :] for p in self.packed or []]
+        if end <= self.quantized:
+            return parts
+        k, v = self.pending.keys_and_values()
+        lo, hi = max(start - self.quantized, 0), end - self.quantized
+        fresh = [*quantize(k[..., lo:hi, :], self.bits, self.seed),
+                 *quantize(v[..., lo:hi, :], self.bits, self.seed)]
+        if start >= self.quantized:
+            return fresh
+        return [mx.concatenate([p, f], axis=2) for p, f in zip(parts, fresh)]
+
+    def codes(self, start: int = 0, end: int | None = None) -> list[mx.array]:
+        """Copies (no views of this cache's buffers) of the codes of tokens [start, end)."""
+        return [mx.array(p) for p in self._parts(start, self.offset if end is None else end)]
+
+    @classmethod
+    def restore(cls, blocks: list[list[mx.array]], on_restore: str | None = None, **options):
+        """A working cache from consecutive blocks of `codes()`, as `on_restore` says.
+
+        `dequantize` returns an fp16 `KVCache` (peak = quantized + fp16); `keep` a quantized one.
+        """
+        cache = cls(**options)
+        parts = [mx.concatenate(column, axis=2) for column in zip(*blocks)]
+        cache.packed, cache.quantized = parts, parts[0].shape[2]
+        cache.offset = cache.quantized
+        if (on_restore or cache.on_restore) == "keep":
+            return cache
+        return cache.expanded()
+
+    def expanded(self) -> KVCache:
+        """An fp16 `KVCache` holding every token, dequantized (16/b times the codes)."""
+        kc, ks, vc, vs = self._parts(0, self.offset)
+        full = KVCache()
+        keys = dequantize(kc, ks, self.bits, self.head_dim, self.seed)
+        values = dequantize(vc, vs, self.bits, self.head_dim, self.seed)
+        full.state = (keys, values, keys.shape[2])
+        return full
+
+    @property
+    def state(self):
+        """`dequantize`: the fp16 (keys, values, offset) of KVCache; `keep`: the codes."""
+        if self.on_restore == "dequantize":
+            return self.expanded().state
+        return (*self.codes(), self.offset)
+
+    @state.setter
+    def state(self, v) -> None:
+        *parts, offset = v
+        if len(parts) == 2:
+            parts = [*quantize(parts[0], self.bits, self.seed), *quantize(parts[1], self.bits, self.seed)]
+        self.packed, self.quantized, self.offset = list(parts), offset, offset
+        self.pending = KVCache()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.packed or []) + self.pending.nbytes
+
+    def size(self) -> int:
+        return self.offset
+
+    def empty(self) -> bool:
+        return self.offset == 0
+
+
+def turboquant(spec, bits: int = 4, on_restore: str = "dequantize", seed: int = 0) -> TurboQuantKVCache:
+    """Layer-cache factory: one TurboQuant cache for the layer described by `spec`."""
+    return TurboQuantKVCache(spec.head_dim, bits=bits, on_restore=on_restore, seed=seed)
