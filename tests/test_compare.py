@@ -10,14 +10,14 @@ import pytest
 
 from harness import compare as cmp
 from harness.formats import COMMENT_LIMIT, MARKER, format_bytes, render_markdown, sparkline
-from summaries import MiB, summary, write
+from tests.summaries import MiB, summary, write
 
 
 def run(argv: list[str], capsys) -> tuple[int, str, str]:
     parser = argparse.ArgumentParser(prog="harness")
     cmp.add_parser(parser.add_subparsers())
     args = parser.parse_args(["compare", *argv])
-    code = args.func(args)
+    code = args.handler(args, None)
     out, err = capsys.readouterr()
     return code, out, err
 
