@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from . import geometry
+from . import baseline, compare, geometry
 from .scenario import ScenarioError, discover, load
 from .suite import exit_status, run_variants, table
 
@@ -95,6 +95,8 @@ def parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", help="print a report's summary")
     show.add_argument("report", help="a summary.json, a variant folder or a report folder")
     show.set_defaults(handler=_show)
+    compare.add_parser(sub)
+    baseline.add_parser(sub)
     return top
 
 
