@@ -51,6 +51,7 @@ REGISTRY: dict[str, str] = {
     "mlx_lm.QuantizedKVCache": "harness.components:quantized_kv_cache",
     "reference.rotating": "reference_impl.rotating:rotating",
     "reference.batch_rotating": "reference_impl.rotating:batch_rotating",
+    "reference.prefix_cache": "reference_impl.prefix_cache:prefix_cache",
     "reference.paged_ssd": "reference_impl.paged_ssd:PagedSSDStore",
     "reference.turboquant": "reference_impl.turboquant:turboquant",
     "reference.chat": "reference_impl.chat:ChatSession",
