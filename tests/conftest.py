@@ -1,0 +1,39 @@
+"""Shared helpers: build small scenarios in memory and run them in-process."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from harness import detect
+from harness.probe import Probe, to_frame
+from harness.runner import Engine
+from harness.scenario import ScenarioSpec
+
+SMALL_MODEL = {"dtype": "float16", "vocab": 1024,
+               "layers": [{"count": 4, "kind": "full", "kv_heads": 8, "head_dim": 128}]}
+TOKEN_BYTES = 4 * 2 * 8 * 128 * 2  # 4 layers, K and V, float16: 16 KiB per token
+
+
+def make_spec(**fields) -> ScenarioSpec:
+    fields.setdefault("name", "test")
+    fields.setdefault("model", SMALL_MODEL)
+    return ScenarioSpec.model_validate(fields)
+
+
+def serve(spec: ScenarioSpec) -> tuple[pd.DataFrame, list[detect.Finding], dict]:
+    """Run a spec in this process; samples, findings and metrics."""
+    probe = Probe()
+    engine = Engine(spec, probe)
+    try:
+        engine.serve()
+    finally:
+        engine.close()
+    frame = to_frame(probe.rows())
+    findings = detect.detect(frame, spec.detect, "cpu")
+    return frame, findings, detect.metrics(frame, findings, spec.detect)
+
+
+@pytest.fixture
+def run_spec():
+    return serve
