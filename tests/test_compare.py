@@ -223,3 +223,124 @@ def test_json_and_junit(tmp_path, capsys):
     assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("3", "1", "1")
     failure = suite.find("testcase[@name='a']/failure")
     assert failure.get("message") == "final: 1 MiB -> 2 MiB (+1 MiB, +100.0%)"
+
+
+# End to end: real runs of a small prefix-store scenario through the engine.
+
+TRIM_SCENARIO = """\
+name: gate_trim
+description: A prefix store trims each finished request's cache before keeping it.
+model: {dtype: float16, vocab: 1024, layers: [{count: 2, kind: full, kv_heads: 2, head_dim: 64}]}
+cache:
+  layer: {component: mlx_lm.KVCache}
+  store: {component: reference.prefix_cache, options: {trim: copy}}
+workload:
+  prefill_chunk: 64
+  requests:
+    - {prompt: 100, decode: 8}
+    - {prompt: 140, decode: 8, prefix: {request: 0, tokens: 100}}
+    - {prompt: 300, decode: 8}
+variants:
+  after: {}
+"""
+RUNS = 10
+
+
+@pytest.fixture(scope="module")
+def trim_runs(tmp_path_factory):
+    """Ten runs of the fixed store (trim: copy) and one with its buggy value (trim: slice)."""
+    import io
+
+    from rich.console import Console
+
+    from harness.scenario import load
+    from harness.suite import run_variants
+
+    root = tmp_path_factory.mktemp("gate")
+    fixed, buggy = root / "trim.yaml", root / "trim_bug.yaml"
+    fixed.write_text(TRIM_SCENARIO)
+    buggy.write_text(TRIM_SCENARIO.replace("trim: copy", "trim: slice"))
+    quiet = Console(file=io.StringIO())
+    runs = [root / f"run{i}" for i in range(RUNS)]
+    for out in runs:
+        run_variants(load(fixed), out, quiet)
+    run_variants(load(buggy), root / "bug", quiet)
+    return runs, root / "bug"
+
+
+def cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    from harness.cli import main
+
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_buggy_option_is_a_regression_naming_variant_and_bytes(trim_runs):
+    import subprocess
+    import sys
+
+    runs, bug = trim_runs
+    result = subprocess.run([sys.executable, "-m", "harness", "compare", str(runs[0]), str(bug),
+                             "--format", "markdown"], capture_output=True, text=True)
+    assert result.returncode == 1, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[1] == "### 🔴 kvmem: memory regression in 1 of 1 variant"
+    # Slicing keeps each stored request's whole KVCache buffer: (256-108) + (356-148) +
+    # (512-308) = 560 unused slots of 2 layers x 512 B.
+    assert ("| 🔴 | `gate_trim/after` | retained | 0 B | 560 KiB | **+560 KiB** (+573,440 B) "
+            "| from 0 |") in lines
+    assert any(line.startswith("| 🔴 | `gate_trim/after` | final |") and "+573,440 B" in line
+               for line in lines)
+    assert not any("| peak |" in line for line in lines)        # +356 KiB: within the floor
+
+
+def test_a_run_compared_with_itself_says_no_change(trim_runs, capsys):
+    runs, _ = trim_runs
+    code, out, _ = cli(["compare", str(runs[0]), str(runs[0])], capsys)
+    assert (code, out) == (0, "✅ kvmem: no change (1 variant compared)\n")
+
+
+def test_ten_runs_compared_pairwise_raise_no_regression(trim_runs, capsys):
+    runs, _ = trim_runs
+    loaded = [cmp.load(run)[0] for run in runs]
+    for metric in ("steady", "final", "retained", "leak_rate"):       # exact on one backend
+        assert len({s.metric(metric) for s in loaded}) == 1, metric
+    peaks = [s.metric("peak") for s in loaded]
+    for i in range(RUNS):
+        for j in range(i + 1, RUNS):
+            code, out, err = cli(["compare", str(runs[i]), str(runs[j])], capsys)
+            assert (code, err) == (0, ""), f"runs {i} and {j}, peaks {peaks}: {out}"
+            assert out == "✅ kvmem: no change (1 variant compared)\n"
+
+
+def test_real_reports_removed_new_backend_and_corrupt(trim_runs, tmp_path, capsys):
+    import shutil
+
+    runs, _ = trim_runs
+    summary_file = runs[0] / "gate_trim" / "after" / "summary.json"
+    data = json.loads(summary_file.read_text())
+    renamed = tmp_path / "renamed"
+    write(renamed, {**data, "scenario": "gate_trim_v2"})
+    code, out, _ = cli(["compare", str(runs[0]), str(renamed)], capsys)
+    assert code == 0
+    assert out.splitlines() == ["⚠️ kvmem: nothing compared; 1 new, 1 removed",
+                                "  🆕 New (1): gate_trim_v2/after",
+                                "  🗑️ Removed (1): gate_trim/after"]
+
+    metal = tmp_path / "metal"
+    write(metal, {**data, "environment": {**data["environment"], "backend": "metal"},
+                  "metrics": {**data["metrics"], "retained": 10 * MiB}})
+    code, out, _ = cli(["compare", str(runs[0]), str(metal)], capsys)
+    assert code == 0
+    assert "note: backends differ (base cpu, head metal): results across backends are not compared" in out
+    assert "⛔ Not compared (1): gate_trim/after (backend cpu vs metal: not compared)" in out
+
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(runs[0], corrupt)
+    bad = corrupt / "gate_trim" / "after" / "summary.json"
+    bad.write_text(summary_file.read_text()[:200])
+    code, out, err = cli(["compare", str(runs[0]), str(corrupt)], capsys)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"error: {bad}: not a valid summary (corrupt JSON: ")
+    assert "Traceback" not in err
