@@ -58,6 +58,11 @@ class PreallocatedRotatingKVCache:
         for lo, hi in self._spans(start, stop, self.max_size - self.keep):
             for slot, t, count in self._runs(lo, hi):
                 src = slice(t - start, t - start + count)
+                if count == self.max_size:
+                    # An update covering the whole array becomes the update itself: a view
+                    # that would pin the chunk's larger buffer. Copy it instead.
+                    self.keys, self.values = mx.contiguous(keys[..., src, :]), mx.contiguous(values[..., src, :])
+                    continue
                 self.keys[..., slot : slot + count, :] = keys[..., src, :]
                 self.values[..., slot : slot + count, :] = values[..., src, :]
 

@@ -117,6 +117,17 @@ def test_one_buffer_of_max_size_from_first_update_to_1000_tokens(make, batch):
     assert after - base == steady
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_first_chunk_longer_than_the_window_pins_nothing_of_it(batch):
+    # 1200 tokens into 600 slots: the last 600 land on slots 0..599 in one write covering the
+    # whole buffer, which must be a copy: a view of them would keep all 1200 alive.
+    mx.clear_cache()
+    base = active()
+    cache = PreallocatedRotatingKVCache(600)
+    after, _ = step(cache, 0, 1200, batch)
+    assert after - base == 600 * TOKEN_BYTES * batch == cache.nbytes
+
+
 def test_mlx_lm_grows_in_256_slot_steps_with_a_transient_copy():
     mx.clear_cache()
     base = active()
