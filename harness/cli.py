@@ -102,11 +102,13 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    console = Console(stderr=False)
+    # Logs in CI are wide; a terminal keeps its own width.
+    console = Console(width=None if sys.stdout.isatty() else 160)
     try:
         return args.handler(args, console)
     except ScenarioError as exc:
-        Console(stderr=True).print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        Console(stderr=True, soft_wrap=True).print(
+            f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -16,10 +16,13 @@ from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     model_validator,
 )
@@ -29,7 +32,7 @@ from .components import ComponentError, resolve
 
 _UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
           "KB": 10**3, "MB": 10**6, "GB": 10**9}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+_SIZE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 
 
 def parse_size(value: Any) -> int:
@@ -51,6 +54,19 @@ def parse_size(value: Any) -> int:
 
 
 Size = Annotated[int, BeforeValidator(parse_size)]
+
+
+def _tagged(**members: Any) -> Any:
+    """A union that validates against one member, chosen by the input's shape.
+
+    Plain unions report every member's errors; a user who wrote a mapping wants to hear what
+    is wrong with the mapping, not that it is not a string.
+    """
+    def choose(value: Any) -> str:
+        return "mapping" if isinstance(value, dict) else "list" if isinstance(value, list) else "scalar"
+
+    choices = [Annotated[t, Tag(tag)] for tag, t in members.items()]
+    return Annotated[Union[tuple(choices)], Discriminator(choose)]
 Count = Annotated[int, Field(ge=0)]
 Positive = Annotated[int, Field(ge=1)]
 
@@ -79,11 +95,17 @@ class LayerGroup(_Strict):
         return self
 
 
+def _known_preset(name: str | None) -> str | None:
+    if name is not None and name not in geo.PRESETS:
+        raise ValueError(f"unknown preset {name!r}: expected one of " + ", ".join(geo.PRESETS))
+    return name
+
+
 class ModelSpec(_Strict):
     """A preset (optionally cut to its first `layers` layers) or inline layer groups."""
 
-    preset: str | None = None
-    layers: Positive | list[LayerGroup] | None = None
+    preset: Annotated[str | None, AfterValidator(_known_preset)] = None
+    layers: _tagged(scalar=Positive, list=list[LayerGroup]) | None = None
     dtype: Literal["float16", "bfloat16", "float32"] = "bfloat16"
     vocab: Positive | None = None
     window: Positive | None = None
@@ -93,9 +115,6 @@ class ModelSpec(_Strict):
         if self.preset is None:
             if not isinstance(self.layers, list) or not self.layers:
                 raise ValueError("expected a preset name or a list of layer groups under layers")
-        elif self.preset not in geo.PRESETS:
-            raise ValueError(f"unknown preset {self.preset!r}: expected one of "
-                             + ", ".join(geo.PRESETS))
         elif isinstance(self.layers, list):
             raise ValueError("with a preset, layers is a count (keep the first N layers)")
         return self
@@ -211,7 +230,7 @@ class ExpectSpec(_Strict):
     leak: Presence | None = "none"
     retained: Presence | None = "none"
     host_memory: Presence | None = "none"
-    spike: Union[Presence, SpikeBound, None] = None
+    spike: _tagged(scalar=Presence, mapping=SpikeBound) | None = None
     growth: Presence | None = None
     peak: Size | None = None
     steady: Size | None = None
@@ -224,7 +243,8 @@ class ExpectSpec(_Strict):
 class ScenarioSpec(_Strict):
     name: str
     description: str = ""
-    model: Union[str, ModelSpec]
+    model: Annotated[ModelSpec, BeforeValidator(
+        lambda v: {"preset": v} if isinstance(v, str) else v)]
     cache: CacheSpec = CacheSpec()
     workload: WorkloadSpec
     sampling: SamplingSpec = SamplingSpec()
@@ -232,17 +252,13 @@ class ScenarioSpec(_Strict):
     expect: ExpectSpec = ExpectSpec()
 
     @model_validator(mode="after")
-    def _check_model(self) -> ScenarioSpec:
-        if isinstance(self.model, str) and self.model not in geo.PRESETS:
-            raise ValueError(f"model: unknown preset {self.model!r}: expected one of "
-                             + ", ".join(geo.PRESETS) + " or a mapping")
+    def _check_workload(self) -> ScenarioSpec:
         if self.workload.chat is not None and self.cache.store is not None:
             raise ValueError("cache.store: a prefix store serves requests, not a chat workload")
         return self
 
     def geometry(self) -> geo.Geometry:
-        spec = ModelSpec(preset=self.model) if isinstance(self.model, str) else self.model
-        return spec.geometry().with_batch(self.workload.batch)
+        return self.model.geometry().with_batch(self.workload.batch)
 
 
 @dataclass(frozen=True)
@@ -263,20 +279,25 @@ class ScenarioError(ValueError):
 
 
 def _merge(base: dict, override: dict) -> dict:
+    """Deep-merge a variant into the base; naming another component replaces its options too."""
     merged = copy.deepcopy(base)
     for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+        switches = (isinstance(value, dict) and isinstance(merged.get(key), dict)
+                    and value.get("component", merged[key].get("component"))
+                    != merged[key].get("component"))
+        if isinstance(value, dict) and isinstance(merged.get(key), dict) and not switches:
             merged[key] = _merge(merged[key], value)
         else:
             merged[key] = copy.deepcopy(value)
     return merged
 
 
+_UNION_TAGS = ("scalar", "mapping", "list")
+
+
 def _field_path(loc: tuple) -> str:
-    # pydantic adds the union member's name to the location; the user never wrote it.
-    parts = [str(p) for p in loc if p not in ("ModelSpec", "SpikeBound", "str",
-                                              "literal['none','detected']")]
-    parts = [p for p in parts if not p.startswith(("function-", "literal["))]
+    # pydantic adds the union member's tag to the location; the user never wrote it.
+    parts = [str(p) for p in loc if p not in _UNION_TAGS]
     return ".".join(parts) or "(top level)"
 
 

@@ -86,8 +86,9 @@ def table(summaries: list[dict]) -> Table:
     """The terminal summary: one row per variant, with its findings and failed expectations."""
     grid = Table(title="kvmem results", show_lines=False)
     for column in ("scenario", "variant", "status", "peak MiB", "steady MiB", "findings",
-                   "expectations"):
-        grid.add_column(column, justify="right" if "MiB" in column else "left")
+                   "result"):
+        grid.add_column(column, justify="right" if "MiB" in column else "left",
+                        no_wrap=column in ("scenario", "variant"))
     for s in summaries:
         m = s["metrics"]
         found = ", ".join(f"{f['kind']}×{f['count']}" for f in s["findings"]) or "-"
