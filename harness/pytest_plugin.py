@@ -88,12 +88,14 @@ def _bounds(marker: pytest.Mark) -> tuple[dict[str, int], int]:
     if unknown:
         pytest.fail(f"kv_limit: unknown bound {', '.join(unknown)} (expected "
                     f"{', '.join(BOUNDS)} or warmup)", pytrace=False)
-    bounds = {}
+    bounds, errors = {}, []
     for name, value in options.items():
         try:
             bounds[name] = parse_size(value)
         except ValueError as exc:
-            pytest.fail(f"kv_limit: {name}={value!r}: {exc}", pytrace=False)
+            errors.append(f"kv_limit: {name}={value!r}: {exc}")
+    if errors:
+        pytest.fail("; ".join(errors), pytrace=False)
     return bounds, warmup
 
 
