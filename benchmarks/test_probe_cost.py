@@ -1,0 +1,41 @@
+"""What the probe costs: the engine loop with the probe on against the same loop with it off.
+
+Run with `python -m pytest benchmarks --benchmark-only`. The ratio of the two engine
+benchmarks' means is the probe's overhead per step; the target is under 1%.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.probe import NullProbe, Probe
+from harness.runner import Engine
+from harness.scenario import ScenarioSpec
+
+# Qwen3-8B geometry: 36 layers, 8 KV heads, head dim 128, bf16; decode dominates.
+SPEC = ScenarioSpec.model_validate({
+    "name": "bench", "model": "qwen3-8b",
+    "workload": {"prefill_chunk": 256, "requests": [{"prompt": 256, "decode": 256}]},
+})
+
+
+def serve(probe: Probe) -> int:
+    engine = Engine(SPEC, probe)
+    engine.serve()
+    return probe.steps
+
+
+@pytest.mark.parametrize("probe", [Probe, NullProbe], ids=["probe_on", "probe_off"])
+def test_engine_loop(benchmark, probe):
+    steps = benchmark.pedantic(serve, setup=lambda: ((probe(),), {}), rounds=8, warmup_rounds=1)
+    assert steps == 1 + 1 + 256 + 1
+
+
+def test_probe_alone_per_step(benchmark):
+    probe = Probe(capacity=1 << 20)
+
+    def one_step() -> None:
+        probe.begin()
+        probe.end("decode", 0, -1, 1, 0, 0, 0, 0)
+
+    benchmark(one_step)
