@@ -43,8 +43,8 @@ def _list(args: argparse.Namespace, console: Console) -> int:
     for path in discover([folder]) if folder.is_dir() else []:
         try:
             variants = load(path)
-            scenarios.add_row(path.name, ", ".join(v.variant for v in variants),
-                              variants[0].spec.description)
+            first_sentence = variants[0].spec.description.split(". ")[0].rstrip(".")
+            scenarios.add_row(path.name, ", ".join(v.variant for v in variants), first_sentence)
         except ScenarioError as exc:
             scenarios.add_row(path.name, "[red]invalid[/red]", str(exc))
     console.print(scenarios)
