@@ -35,7 +35,10 @@ def store(summaries: list[Summary], root: Path) -> tuple[list[Path], list[Summar
             skipped.append(summary)
             continue
         path = baseline_path(root, summary)
-        atomic_text(path, json.dumps(summary.data, indent=2) + "\n")
+        try:
+            atomic_text(path, json.dumps(summary.data, indent=2) + "\n")
+        except OSError as exc:
+            raise CompareError(f"{path}: cannot write: {exc.strerror or exc}") from None
         written.append(path)
     return written, skipped
 

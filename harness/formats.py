@@ -50,7 +50,16 @@ def _exact(delta: MetricDelta) -> str:
 def format_percent(delta: MetricDelta) -> str:
     if delta.relative is None:
         return "from 0" if delta.delta else "0%"
-    return f"{delta.relative * 100:+.1f}%"
+    percent = delta.relative * 100
+    return f"{percent:+.3f}%" if 0 < abs(percent) < 0.1 else f"{percent:+.1f}%"
+
+
+def format_pair(delta: MetricDelta) -> tuple[str, str]:
+    """Base and head in human units, or in exact bytes where the units would hide the change."""
+    pair = format_value(delta.metric, delta.base), format_value(delta.metric, delta.head)
+    if pair[0] == pair[1] and delta.metric != "overhead_ratio":
+        return f"{delta.base:,.0f} B", f"{delta.head:,.0f} B"
+    return pair
 
 
 def sparkline(values: list[float], lo: float, hi: float) -> str:
@@ -102,9 +111,9 @@ def render_text(comparison: Comparison) -> str:
     lines = [headline(comparison)]
     lines += [f"note: {n}" for n in comparison.notes]
     for entry, d in _changed_rows(comparison):
-        lines.append(f"  {d.verdict:<11} {entry.label:<40} {d.metric:<14} "
-                     f"{format_value(d.metric, d.base):>12} -> {format_value(d.metric, d.head):>12}"
-                     f"  {format_value(d.metric, d.delta, True)} ({format_percent(d)})")
+        base, head = format_pair(d)
+        lines.append(f"  {d.verdict:<11} {entry.label:<40} {d.metric:<14} {base:>12} -> "
+                     f"{head:>12}  {format_value(d.metric, d.delta, True)} ({format_percent(d)})")
     lines += [f"  {line}" for line in _state_lines(comparison, code="")]
     return "\n".join(lines) + "\n"
 
@@ -127,7 +136,7 @@ def render_markdown(comparison: Comparison, limit: int = COMMENT_LIMIT) -> str:
         sections.append((["| | variant | metric | base | head | Δ | Δ % |",
                           "|:-:|---|---|--:|--:|--:|--:|"],
                          [f"| {ICONS[d.verdict]} | `{e.label}` | {d.metric} | "
-                          f"{format_value(d.metric, d.base)} | {format_value(d.metric, d.head)} | "
+                          f"{' | '.join(format_pair(d))} | "
                           f"**{format_value(d.metric, d.delta, True)}**{_exact(d)} | {format_percent(d)} |"
                           for e, d in changed], [""]))
     states = _state_lines(comparison)
@@ -204,9 +213,9 @@ def render_junit(comparison: Comparison) -> str:
         case = ET.SubElement(suite, "testcase", classname=f"kvmem.{entry.scenario}",
                              name=entry.variant)
         if entry.verdict == "regression":
-            details = [f"{d.metric}: {format_value(d.metric, d.base)} -> "
-                       f"{format_value(d.metric, d.head)} ({format_value(d.metric, d.delta, True)}"
-                       f", {format_percent(d)})" for d in entry.changed if d.verdict == "regression"]
+            details = [f"{d.metric}: {' -> '.join(format_pair(d))} "
+                       f"({format_value(d.metric, d.delta, True)}, {format_percent(d)})"
+                       for d in entry.changed if d.verdict == "regression"]
             message = "; ".join(details) or entry.note
             ET.SubElement(case, "failure", message=message, type="memory-regression").text = \
                 "\n".join(details + ([entry.note] if entry.note else []))

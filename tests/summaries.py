@@ -1,4 +1,4 @@
-"""Summary dicts in the report schema (summary.json), for the gate's tests."""
+"""Summary dicts in the report schema (summary.json) and a small scenario, for the gate's tests."""
 
 from __future__ import annotations
 
@@ -6,6 +6,25 @@ import json
 from pathlib import Path
 
 MiB = 1 << 20
+
+# A small prefix-store scenario for end-to-end runs (about 2 s each): `trim: slice` is its bug.
+TRIM_SCENARIO = """\
+name: gate_trim
+description: A prefix store trims each finished request's cache before keeping it.
+model: {dtype: float16, vocab: 1024, layers: [{count: 2, kind: full, kv_heads: 2, head_dim: 64}]}
+cache:
+  layer: {component: mlx_lm.KVCache}
+  store: {component: reference.prefix_cache, options: {trim: copy}}
+workload:
+  prefill_chunk: 64
+  requests:
+    - {prompt: 100, decode: 8}
+    - {prompt: 140, decode: 8, prefix: {request: 0, tokens: 100}}
+    - {prompt: 300, decode: 8}
+variants:
+  after: {}
+"""
+
 ENVIRONMENT = {"backend": "cpu", "mlx": "0.32.4", "mlx_lm": "0.32.2", "python": "3.11.7",
                "machine": "x86_64", "platform": "Linux", "git_revision": "abc123"}
 

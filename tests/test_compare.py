@@ -10,7 +10,7 @@ import pytest
 
 from harness import compare as cmp
 from harness.formats import COMMENT_LIMIT, MARKER, format_bytes, render_markdown, sparkline
-from tests.summaries import MiB, summary, write
+from tests.summaries import TRIM_SCENARIO, MiB, summary, write
 
 
 def run(argv: list[str], capsys) -> tuple[int, str, str]:
@@ -227,22 +227,6 @@ def test_json_and_junit(tmp_path, capsys):
 
 # End to end: real runs of a small prefix-store scenario through the engine.
 
-TRIM_SCENARIO = """\
-name: gate_trim
-description: A prefix store trims each finished request's cache before keeping it.
-model: {dtype: float16, vocab: 1024, layers: [{count: 2, kind: full, kv_heads: 2, head_dim: 64}]}
-cache:
-  layer: {component: mlx_lm.KVCache}
-  store: {component: reference.prefix_cache, options: {trim: copy}}
-workload:
-  prefill_chunk: 64
-  requests:
-    - {prompt: 100, decode: 8}
-    - {prompt: 140, decode: 8, prefix: {request: 0, tokens: 100}}
-    - {prompt: 300, decode: 8}
-variants:
-  after: {}
-"""
 RUNS = 10
 
 

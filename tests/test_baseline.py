@@ -1,0 +1,114 @@
+"""Baselines: recorded per backend, written atomically, checked against a new run of the suite."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from harness.cli import main
+from tests.summaries import TRIM_SCENARIO, MiB, summary, write
+
+
+def cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def reports(tmp_path):
+    root = tmp_path / "reports"
+    for item in (summary("trim", "before", retained=8 * MiB), summary("trim", "after"),
+                 summary("rotating", "after", environment={"backend": "metal"}),
+                 summary("crash", "v", status="failed")):
+        write(root, item)
+    return root
+
+
+def test_update_writes_one_file_per_backend_scenario_variant(reports, tmp_path, capsys):
+    code, out, err = cli(["baseline", "update", "--from", str(reports),
+                          "--dir", str(tmp_path / "baselines")], capsys)
+    assert code == 2                                  # a failed run cannot be a baseline
+    assert err == ("error: crash/v: failed (child died with signal 11): no baseline written\n")
+    files = sorted(p.relative_to(tmp_path / "baselines").as_posix()
+                   for p in (tmp_path / "baselines").rglob("*"))
+    assert files == ["cpu", "cpu/trim", "cpu/trim/after.json", "cpu/trim/before.json",
+                     "metal", "metal/rotating", "metal/rotating/after.json"]
+    assert out.splitlines() == [f"wrote {tmp_path / 'baselines'}/{f}" for f in
+                                ("metal/rotating/after.json", "cpu/trim/after.json",
+                                 "cpu/trim/before.json")]
+    stored = json.loads((tmp_path / "baselines/cpu/trim/before.json").read_text())
+    assert stored == json.loads((reports / "trim/before/summary.json").read_text())
+
+
+def test_update_replaces_atomically(reports, tmp_path, capsys, monkeypatch):
+    target = tmp_path / "baselines/cpu/trim/after.json"
+    target.parent.mkdir(parents=True)
+    target.write_text("old")
+    real_replace = os.replace
+
+    def full_disk(src, dst):                          # the rename never happens
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    code, _, err = cli(["baseline", "update", "--from", str(reports / "trim"),
+                        "--dir", str(tmp_path / "baselines")], capsys)
+    assert code == 2 and "cannot write: No space left on device" in err
+    assert target.read_text() == "old"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["after.json"]   # no temp left
+
+    monkeypatch.setattr(os, "replace", real_replace)
+    code, _, _ = cli(["baseline", "update", "--from", str(reports / "trim"),
+                      "--dir", str(tmp_path / "baselines")], capsys)
+    assert code == 0 and json.loads(target.read_text())["variant"] == "after"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["after.json", "before.json"]
+
+
+def test_check_against_stored_baselines(reports, tmp_path, capsys):
+    baselines = str(tmp_path / "baselines")
+    write(reports, summary("grow", "kv"))
+    cli(["baseline", "update", "--from", str(reports), "--dir", baselines], capsys)
+    code, out, _ = cli(["baseline", "check", "--from", str(reports / "trim"), "--dir", baselines],
+                       capsys)
+    assert (code, out) == (0, "✅ kvmem: no change (2 variants compared)\n")
+
+    head = tmp_path / "head"
+    write(head, summary("trim", "before", retained=8 * MiB))
+    write(head, summary("trim", "after", steady=8 * MiB + 4096))
+    code, out, _ = cli(["baseline", "check", "--from", str(head), "--dir", baselines], capsys)
+    assert code == 1                      # grow/kv was not run: not listed as removed
+    assert out.splitlines() == [
+        "🔴 kvmem: memory regression in 1 of 2 variants",
+        "  regression  trim/after                               steady          8,388,608 B -> "
+        " 8,392,704 B  +4 KiB (+0.049%)"]
+
+
+def test_check_without_baselines_for_the_backend(reports, tmp_path, capsys):
+    code, out, err = cli(["baseline", "check", "--from", str(reports / "trim"),
+                          "--dir", str(tmp_path / "none")], capsys)
+    assert (code, out) == (2, "")
+    assert err == (f"error: {tmp_path / 'none' / 'cpu'}: no baselines for backend cpu "
+                   "(record them with `python -m harness baseline update`)\n")
+
+
+def test_update_then_check_runs_the_suite(tmp_path, capsys):
+    fixed, buggy = tmp_path / "fixed" / "gate_trim.yaml", tmp_path / "buggy" / "gate_trim.yaml"
+    for path, text in ((fixed, TRIM_SCENARIO),
+                       (buggy, TRIM_SCENARIO.replace("trim: copy", "trim: slice"))):
+        path.parent.mkdir()
+        path.write_text(text)
+    options = ["--dir", str(tmp_path / "baselines"), "--reports", str(tmp_path / "reports")]
+    code, out, _ = cli(["baseline", "update", str(fixed.parent), *options], capsys)
+    assert code == 0 and out.endswith(f"wrote {tmp_path}/baselines/cpu/gate_trim/after.json\n")
+
+    code, out, _ = cli(["baseline", "check", str(fixed.parent), *options], capsys)
+    assert (code, out) == (0, "✅ kvmem: no change (1 variant compared)\n")
+
+    markdown = tmp_path / "delta.md"
+    code, out, _ = cli(["baseline", "check", str(buggy), *options, "--format", "markdown",
+                        "--out", str(markdown)], capsys)
+    assert code == 1 and out.startswith("🔴 kvmem: memory regression in 1 of 1 variant")
+    assert "| 🔴 | `gate_trim/after` | retained | 0 B | 560 KiB | **+560 KiB** (+573,440 B) |" \
+        in markdown.read_text()
