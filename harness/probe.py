@@ -36,7 +36,8 @@ class Probe:
         self._process = psutil.Process()
 
     def begin(self) -> None:
-        mx.synchronize()
+        # The previous step ended synchronized and only Python ran since (frees are immediate),
+        # so active is exact here without a second synchronize, which costs ~10 us on CPU.
         self._before = mx.get_active_memory()
         mx.reset_peak_memory()
 
