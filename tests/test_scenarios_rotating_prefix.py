@@ -1,0 +1,94 @@
+"""The rotating and prefix-cache scenarios at a reduced size, served in this process: every
+"before" is flagged with its finding, and no "after" raises one over ten runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness import detect
+from harness.isolation import execute
+from harness.report import environment
+from harness.scenario import ScenarioSpec, load
+from harness.suite import summarize
+from tests.conftest import serve
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+ROTATING = "qwen3_8b_rotating.yaml"
+PREFIX = "qwen3_8b_prefix_cache.yaml"
+RUNS = 10
+PEAK_NOISE = 4 * 2**20
+# On Linux, glibc keeps the heap that freed MLX buffers came from, so process RSS outside MLX
+# rises after a run that allocated and freed a lot; the host-memory detector reads that as
+# bytes held outside MLX. Left out here, shown by the xfail test at the end.
+MISFIRE = "host_memory"
+
+
+def reduced(path: str, variant: str, layers: int) -> ScenarioSpec:
+    """The variant with `layers` layers instead of its own; the byte thresholds of the
+    detectors on active memory and the budgets scale with the layer count, since every layer
+    holds the same."""
+    (scenario,) = load(SCENARIOS / path, [variant])
+    raw = scenario.spec.model_dump(exclude_none=True)
+    model = raw["model"]
+    if "preset" in model:
+        scale = layers / model["layers"]
+        model["layers"] = layers
+    else:
+        (group,) = model["layers"]
+        scale = layers / group["count"]
+        group["count"] = layers
+    for name in ("spike", "growth", "retained"):
+        raw["detect"][name]["min_bytes"] = int(raw["detect"][name]["min_bytes"] * scale)
+    # The step peak is noisy by up to a few MiB under load: keep the spike floor above that.
+    raw["detect"]["spike"]["min_bytes"] = max(raw["detect"]["spike"]["min_bytes"], PEAK_NOISE)
+    for name in ("peak", "steady", "final"):
+        if name in raw["expect"]:
+            raw["expect"][name] = int(raw["expect"][name] * scale)
+    return ScenarioSpec.model_validate(raw)
+
+
+def run(spec: ScenarioSpec) -> tuple[set[str], list[dict]]:
+    """Finding kinds and failed expectations, the host-memory misfire left out."""
+    frame, findings, figures = serve(spec)
+    failed = [c for c in detect.check(spec.expect, findings, figures)
+              if not c["ok"] and c["name"] != MISFIRE]
+    return {f.kind for f in findings} - {MISFIRE}, failed
+
+
+@pytest.mark.parametrize("path,variant,layers,kinds", [
+    (ROTATING, "before", 4, {"growth", "spike"}),
+    (PREFIX, "trim_slice", 2, {"retained", "growth"}),
+    (PREFIX, "bug69", 2, {"spike", "growth"}),
+])
+def test_each_before_is_flagged_with_its_finding(path, variant, layers, kinds):
+    found, failed = run(reduced(path, variant, layers))
+    assert failed == []
+    assert found == kinds
+
+
+# The prefix cache's layers are mlx-lm's KVCache, whose 256-slot growth is by design and
+# unchecked in that scenario: the only finding an "after" there may show.
+@pytest.mark.parametrize("path,variant,layers,allowed", [
+    (ROTATING, "after", 4, set()),
+    (PREFIX, "trim_copy", 2, {"growth"}),
+    (PREFIX, "q8", 2, {"growth"}),
+    (PREFIX, "q4", 2, {"growth"}),
+    (PREFIX, "q8_threshold", 2, {"growth"}),
+    (PREFIX, "fix69", 2, {"growth"}),
+])
+def test_no_after_is_flagged_in_ten_runs(path, variant, layers, allowed):
+    spec = reduced(path, variant, layers)
+    for _ in range(RUNS):
+        found, failed = run(spec)
+        assert failed == [] and found <= allowed, (found, failed)
+
+
+@pytest.mark.xfail(strict=True, reason="host_memory reads glibc's retained heap (freed MLX "
+                   "buffers) as bytes held outside MLX; malloc_trim(0) gives it back")
+def test_a_clean_quantized_prefix_cache_raises_no_host_memory_finding():
+    (scenario,) = load(SCENARIOS / PREFIX, ["fix69"])
+    _, findings, summary = summarize(execute(scenario), environment())
+    assert summary["status"] == "ok"
+    assert MISFIRE not in {f.kind for f in findings}
