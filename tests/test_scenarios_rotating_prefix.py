@@ -59,6 +59,7 @@ def run(spec: ScenarioSpec) -> tuple[set[str], list[dict]]:
 
 @pytest.mark.parametrize("path,variant,layers,kinds", [
     (ROTATING, "before", 4, {"growth", "spike"}),
+    (ROTATING, "batch_before", 4, {"growth", "spike"}),
     (PREFIX, "trim_slice", 2, {"retained", "growth"}),
     (PREFIX, "bug69", 2, {"spike", "growth"}),
 ])
@@ -72,6 +73,7 @@ def test_each_before_is_flagged_with_its_finding(path, variant, layers, kinds):
 # unchecked in that scenario: the only finding an "after" there may show.
 @pytest.mark.parametrize("path,variant,layers,allowed", [
     (ROTATING, "after", 4, set()),
+    (ROTATING, "batch_after", 4, set()),
     (PREFIX, "trim_copy", 2, {"growth"}),
     (PREFIX, "q8", 2, {"growth"}),
     (PREFIX, "q4", 2, {"growth"}),
