@@ -39,12 +39,14 @@ class PreallocatedRotatingKVCache:
 
     def _runs(self, start: int, stop: int):
         """(slot, token, count) runs holding tokens [start, stop): all kept or all in the ring,
-        at most one ring's worth, so a run wraps at most once."""
+        at most one ring's worth, so a run wraps at most once. No run covers the whole buffer:
+        MLX makes such an update the update itself, a view that would pin the chunk's larger
+        buffer, where a partial one writes in place."""
         slot, n = self._slot(start), stop - start
-        head = min(n, self.max_size - slot)
+        head = min(n, self.max_size - slot, max(1, self.max_size - 1))
         yield slot, start, head
         if n > head:
-            yield self.keep, start + head, n - head
+            yield self._slot(start + head), start + head, n - head
 
     def _spans(self, start: int, stop: int, ring: int):
         """The kept tokens of [start, stop) and its last `ring` unkept ones, as token ranges."""
@@ -58,11 +60,6 @@ class PreallocatedRotatingKVCache:
         for lo, hi in self._spans(start, stop, self.max_size - self.keep):
             for slot, t, count in self._runs(lo, hi):
                 src = slice(t - start, t - start + count)
-                if count == self.max_size:
-                    # An update covering the whole array becomes the update itself: a view
-                    # that would pin the chunk's larger buffer. Copy it instead.
-                    self.keys, self.values = mx.contiguous(keys[..., src, :]), mx.contiguous(values[..., src, :])
-                    continue
                 self.keys[..., slot : slot + count, :] = keys[..., src, :]
                 self.values[..., slot : slot + count, :] = values[..., src, :]
 

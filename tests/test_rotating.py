@@ -115,6 +115,8 @@ def test_one_buffer_of_max_size_from_first_update_to_1000_tokens(make, batch):
     assert cache.keys.shape[2] == 600
     after, _ = step(cache, start, 250, batch)  # a prefill chunk past the free space
     assert after - base == steady
+    after, _ = step(cache, start + 250, 850, batch)  # 600 of it on slots 0..599, pinning none
+    assert after - base == steady
 
 
 @pytest.mark.parametrize("batch", [1, 2])
