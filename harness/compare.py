@@ -241,6 +241,12 @@ def tolerances(head: Summary, rel: dict[str, float] | None = None,
     return result
 
 
+def _failure(summary: Summary) -> str:
+    """`failed: <first line of the error>`; the error may carry a traceback."""
+    error = summary.data.get("error") or f"exit status {summary.data.get('exit_status')}"
+    return f"{summary.data['status']}: {error.splitlines()[0]}"
+
+
 def _versions(summary: Summary) -> tuple[str, str]:
     env = summary.environment
     return env.get("mlx", "?"), env.get("mlx_lm", "?")
@@ -254,9 +260,8 @@ def _pair(base: Summary, head: Summary, rel: dict, abs_: dict) -> Entry:
         return entry
     if not head.ok or not base.ok:
         entry.state = FAILED
-        entry.note = "; ".join(
-            f"{side} {s.data['status']}: {s.data.get('error') or 'exit status ' + str(s.data.get('exit_status'))}"
-            for side, s in (("base", base), ("head", head)) if not s.ok)
+        entry.note = "; ".join(f"{side} {_failure(s)}" for side, s in (("base", base), ("head", head))
+                               if not s.ok)
         return entry
     limits = tolerances(head, rel=rel, abs_=abs_)
     for name in METRICS:
@@ -302,7 +307,7 @@ def compare(base: list[Summary], head: list[Summary], rel: dict[str, float] | No
             entries[key[:2]] = _pair(base_index.pop(other), h, rel, abs_)
         else:
             state = NEW if h.ok else FAILED
-            note = "" if h.ok else f"head {h.data['status']}: {h.data.get('error')}"
+            note = "" if h.ok else f"head {_failure(h)}"
             entries[key[:2]] = Entry(*h.key, state, None, h, note=note)
     for key, b in base_index.items():
         if key[:2] in entries:

@@ -102,8 +102,12 @@ def test_new_removed_and_failed_are_listed(tmp_path, capsys):
 
 def test_failed_on_both_sides_is_listed_not_a_regression():
     failed = summary("s", "v", status="refused")
+    failed["error"] = "estimated footprint 30.00 GiB exceeds the 20.00 GiB available\nTraceback"
     comparison = pair(failed, failed)
     assert comparison.entries[0].state == cmp.FAILED
+    assert comparison.entries[0].note == (
+        "base refused: estimated footprint 30.00 GiB exceeds the 20.00 GiB available; "
+        "head refused: estimated footprint 30.00 GiB exceeds the 20.00 GiB available")
     assert comparison.exit_code == 0
 
 
