@@ -152,3 +152,13 @@ class PrefixCache:
 def prefix_cache(geometry: Geometry, **options) -> PrefixCache:
     """Factory for `reference.prefix_cache`."""
     return PrefixCache(geometry, **options)
+
+
+def _estimate_bytes(geometry: Geometry, workload, budget: int | None = None, **options) -> int:
+    """For the size check: every distinct request kept as an fp16 entry, capped by the budget."""
+    tokens = sum(r.prompt + r.decode for r in workload.requests or [])
+    held = tokens * geometry.token_bytes() * geometry.batch
+    return held if budget is None else min(held, budget)
+
+
+prefix_cache.estimate_bytes = _estimate_bytes

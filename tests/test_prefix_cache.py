@@ -6,6 +6,7 @@ import pytest
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from harness.geometry import build
+from harness.scenario import WorkloadSpec
 from reference_impl.prefix_cache import PrefixCache, prefix_cache
 
 LAYERS, H, D = 2, 2, 64
@@ -176,3 +177,9 @@ def test_a_repeated_sequence_skips_or_wastes_the_work(dedupe, monkeypatch):
     else:
         assert calls == [1] * LAYERS
         assert peak >= LAYERS * 300 * Q8_BYTES  # the discarded quantized copy existed
+
+
+def test_the_size_check_counts_every_request_in_fp16_up_to_the_budget():
+    workload = WorkloadSpec(requests=[{"prompt": 300, "decode": 20}, {"prompt": 100, "repeat": 3}])
+    assert prefix_cache.estimate_bytes(GEOMETRY, workload) == 420 * LAYERS * TOKEN_BYTES
+    assert prefix_cache.estimate_bytes(GEOMETRY, workload, budget=1000, trim="slice") == 1000
