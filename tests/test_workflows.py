@@ -84,3 +84,11 @@ def test_nightly_workflow_checks_the_baselines_and_uploads_plots():
     assert "-m harness baseline check scenarios --dir baselines" in scripts(data)
     upload = next(s for s in steps(data) if s.get("uses", "").startswith("actions/upload"))
     assert upload["if"] == "always()" and "reports/nightly/**/*.png" in upload["with"]["path"]
+
+
+def test_documentation_shows_the_workflow_files_as_they_are():
+    root = WORKFLOWS.parents[1]
+    docs = "".join(p.read_text() for p in (root / "docs" / "gate.md", root / "README.md")
+                   if p.exists())
+    for name in FILES:
+        assert (WORKFLOWS / name).read_text() in docs, name
