@@ -15,9 +15,9 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from harness.report import SCHEMA, atomic_text
 from harness.scenario import parse_size
 
-SCHEMA = 1
 MiB = 1 << 20
 
 # All metrics are "lower is better".
@@ -51,6 +51,7 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
     # RSS counts the interpreter, imported libraries and the MLX buffer cache.
     "rss_peak": Tolerance(rel=0.10, abs=64 * MiB),
 }
+
 
 class CompareError(Exception):
     """Bad input: an unreadable or malformed summary, or a bad option. Exit status 2."""
@@ -348,9 +349,12 @@ def _metric_values(pairs: list[str], flag: str, convert) -> dict[str, float]:
 
 def _fraction(value: str) -> float:
     try:
-        return float(value)
+        fraction = float(value)
     except ValueError:
-        raise CompareError(f"not a fraction: {value!r} (expected e.g. 0.05)") from None
+        fraction = -1.0
+    if not fraction >= 0:
+        raise CompareError(f"not a fraction: {value!r} (expected e.g. 0.05)")
+    return fraction
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -375,11 +379,14 @@ def add_parser(subparsers) -> None:
 
 def emit(comparison: Comparison, args: argparse.Namespace) -> int:
     """Render in the requested format to --out (the verdict still goes to stdout) or stdout."""
-    from harness.formats import render, render_text
-    from harness.report import atomic_text
+    from harness.formats import render, render_text  # formats imports this module
 
     if args.out:
-        atomic_text(Path(args.out), render(comparison, args.format))
+        try:
+            atomic_text(Path(args.out), render(comparison, args.format))
+        except OSError as exc:
+            print(f"error: {args.out}: cannot write: {exc.strerror or exc}", file=sys.stderr)
+            return 2
         sys.stdout.write(render_text(comparison))
     else:
         sys.stdout.write(render(comparison, args.format))

@@ -151,6 +151,8 @@ def test_corrupt_summary_is_a_clear_error(tmp_path, capsys, content, message):
     (["base", "head", "--rel", "pek=0.1"], "--rel pek=0.1: expected METRIC=VALUE"),
     (["base", "head", "--abs", "peak=lots"], "'lots': expected a size in bytes"),
     (["base", "head", "--rel", "peak=x"], "not a fraction: 'x'"),
+    (["base", "head", "--rel", "peak=-0.1"], "not a fraction: '-0.1'"),
+    (["base", "head", "--out", "head/s"], "error: head/s: cannot write: Is a directory"),
 ])
 def test_bad_arguments_exit_2(tmp_path, capsys, monkeypatch, argv, message):
     suites(tmp_path, [summary("s", "v")], [summary("s", "v")])
