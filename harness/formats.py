@@ -96,14 +96,16 @@ def _changed_rows(comparison: Comparison) -> list[tuple[Entry, MetricDelta]]:
     return sorted(rows, key=lambda r: (order[r[1].verdict], r[0].label, METRICS.index(r[1].metric)))
 
 
-def _state_lines(comparison: Comparison, code: str = "`") -> list[str]:
+def _state_lines(comparison: Comparison, code: str = "`", most: int = 20) -> list[str]:
+    """One line per state (new, removed, ...) naming at most `most` variants."""
     lines = []
     for state, title in STATE_TITLES.items():
         entries = comparison.having(state)
         if entries:
             names = ", ".join(f"{code}{e.label}{code}" + (f" ({e.note})" if e.note else "")
-                              for e in entries)
-            lines.append(f"{title} ({len(entries)}): {names}")
+                              for e in entries[:most])
+            more = f" and {len(entries) - most} more" if len(entries) > most else ""
+            lines.append(f"{title} ({len(entries)}): {names}{more}")
     return lines
 
 

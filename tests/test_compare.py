@@ -211,6 +211,16 @@ def test_comment_for_many_changed_rows_stays_under_the_cap():
     assert text.count("```") % 2 == 0 and text.count("<details>") == text.count("</details>")
 
 
+def test_a_first_run_lists_new_variants_in_one_short_line():
+    from pathlib import Path
+    head = [cmp.Summary(Path(f"h{i}"), summary(f"s{i:02d}", "v")) for i in range(30)]
+    text = render_markdown(cmp.compare([], head))
+    assert text.splitlines()[1:4] == ["### ⚠️ kvmem: nothing compared; 30 new", "",
+                                      "> ⚠️ the base has no summaries: every variant is new"]
+    new = next(line for line in text.splitlines() if line.startswith("- 🆕"))
+    assert new == "- 🆕 New (30): " + ", ".join(f"`s{i:02d}/v`" for i in range(20)) + " and 10 more"
+
+
 def test_json_and_junit(tmp_path, capsys):
     base, head = suites(tmp_path, [summary("s", "a"), summary("s", "b"), summary("s", "gone")],
                         [summary("s", "a", final=2 * MiB), summary("s", "b")])
