@@ -93,22 +93,25 @@ def test_check_without_baselines_for_the_backend(reports, tmp_path, capsys):
                    "(record them with `python -m harness baseline update`)\n")
 
 
-def test_update_then_check_runs_the_suite(tmp_path, capsys):
-    fixed, buggy = tmp_path / "fixed" / "gate_trim.yaml", tmp_path / "buggy" / "gate_trim.yaml"
+def test_update_then_check_runs_the_suite(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)                       # the default suite is ./scenarios
+    fixed, buggy = tmp_path / "scenarios" / "gate_trim.yaml", tmp_path / "buggy" / "gate_trim.yaml"
     for path, text in ((fixed, TRIM_SCENARIO),
                        (buggy, TRIM_SCENARIO.replace("trim: copy", "trim: slice"))):
         path.parent.mkdir()
         path.write_text(text)
-    options = ["--dir", str(tmp_path / "baselines"), "--reports", str(tmp_path / "reports")]
-    code, out, _ = cli(["baseline", "update", str(fixed.parent), *options], capsys)
-    assert code == 0 and out.endswith(f"wrote {tmp_path}/baselines/cpu/gate_trim/after.json\n")
+    code, out, _ = cli(["baseline", "update"], capsys)
+    assert (code, out) == (0, "wrote baselines/cpu/gate_trim/after.json\n")
 
-    code, out, _ = cli(["baseline", "check", str(fixed.parent), *options], capsys)
-    assert (code, out) == (0, "✅ kvmem: no change (1 variant compared)\n")
+    stale = tmp_path / "baselines" / "cpu" / "stale" / "v.json"     # its scenario is gone
+    stale.parent.mkdir()
+    stale.write_text(json.dumps(summary("stale", "v")))
+    code, out, _ = cli(["baseline", "check"], capsys)
+    assert (code, out) == (0, "✅ kvmem: no change (1 variant compared); 1 removed\n"
+                              "  🗑️ Removed (1): stale/v\n")
 
-    markdown = tmp_path / "delta.md"
-    code, out, _ = cli(["baseline", "check", str(buggy), *options, "--format", "markdown",
-                        "--out", str(markdown)], capsys)
-    assert code == 1 and out.startswith("🔴 kvmem: memory regression in 1 of 1 variant")
+    code, out, _ = cli(["baseline", "check", str(buggy), "--format", "markdown",
+                        "--out", "delta.md"], capsys)
+    assert code == 1 and out.startswith("🔴 kvmem: memory regression in 1 of 1 variant\n")
     assert "| 🔴 | `gate_trim/after` | retained | 0 B | 560 KiB | **+560 KiB** (+573,440 B) |" \
-        in markdown.read_text()
+        in (tmp_path / "delta.md").read_text()

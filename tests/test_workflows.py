@@ -81,7 +81,7 @@ def test_nightly_workflow_checks_the_baselines_and_uploads_plots():
     data = workflow("memory-nightly.yml")
     assert data["on"]["schedule"] == [{"cron": "17 3 * * *"}]
     assert data["permissions"] == {"contents": "read"}
-    assert "-m harness baseline check scenarios --dir baselines" in scripts(data)
+    assert "-m harness baseline check --dir baselines" in scripts(data)
     upload = next(s for s in steps(data) if s.get("uses", "").startswith("actions/upload"))
     assert upload["if"] == "always()" and "reports/nightly/**/*.png" in upload["with"]["path"]
 
