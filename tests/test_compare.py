@@ -162,6 +162,15 @@ def test_bad_arguments_exit_2(tmp_path, capsys, monkeypatch, argv, message):
     assert code == 2 and message in err and "Traceback" not in err
 
 
+def test_two_summaries_for_one_variant_are_ambiguous(tmp_path, capsys):
+    base, head = suites(tmp_path, [summary("s", "v")], [summary("s", "v")])
+    write(tmp_path / "head" / "again", summary("s", "v"))
+    code, _, err = run([base, head], capsys)
+    assert code == 2
+    assert err == (f"error: two summaries for s/v on backend cpu: {head}/again/s/v/summary.json "
+                   f"and {head}/s/v/summary.json\n")
+
+
 def test_markdown_shows_changed_rows_with_bytes_percent_and_sparklines(tmp_path, capsys):
     base, head = suites(
         tmp_path,
