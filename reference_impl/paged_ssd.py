@@ -128,17 +128,26 @@ def token_piece(cache: Any, start: int, end: int) -> Piece:
 
 
 def state_piece(cache: Any) -> Piece:
-    """A copy of any cache's `state` (mlx-lm protocol), plus its plain attributes."""
-    state = cache.state
-    single = isinstance(state, mx.array)
-    items = [state] if single else list(state)
-    template = [None if isinstance(x, mx.array) else x for x in items]
-    meta = {k: v for k, v in vars(cache).items()
-            if isinstance(v, _PLAIN) or (isinstance(v, tuple) and all(isinstance(x, _PLAIN) for x in v))}
+    """A copy of a cache that cannot be cut by token, whatever its class.
+
+    Its attributes are taken as they are: arrays (or lists of arrays) copied, plain values
+    kept; a restored cache gets the same attributes. This needs no `state` setter, which not
+    every cache class has.
+    """
+    plain, layout, arrays = {}, [], []
+    for name, value in vars(cache).items():
+        if isinstance(value, mx.array):
+            layout.append((name, None))
+            arrays.append(_copy(value))
+        elif isinstance(value, (list, tuple)) and value and all(isinstance(x, mx.array) for x in value):
+            layout.append((name, len(value)))
+            arrays.extend(_copy(x) for x in value)
+        elif isinstance(value, _PLAIN) or (
+            isinstance(value, tuple) and all(isinstance(x, _PLAIN) for x in value)
+        ):
+            plain[name] = value
     cls = f"{type(cache).__module__}:{type(cache).__qualname__}"
-    container = "array" if single else type(state).__name__
-    arrays = [_copy(x) for x in items if isinstance(x, mx.array)]
-    return Piece(("state", cls, container, template, meta), arrays)
+    return Piece(("state", cls, plain, layout), arrays)
 
 
 def restore_layer(pieces: list[Piece]) -> Any:
@@ -155,14 +164,14 @@ def restore_layer(pieces: list[Piece]) -> Any:
         return cache
     if kind == "turboquant":
         return TurboQuantKVCache.restore([p.live() for p in pieces], **pieces[0].recipe[1])
-    _, cls_path, container, template, meta = pieces[-1].recipe
+    _, cls_path, plain, layout = pieces[-1].recipe
     module, _, name = cls_path.partition(":")
     cls = getattr(importlib.import_module(module), name)
-    arrays = iter(pieces[-1].live())
-    items = [next(arrays) if x is None else x for x in template]
     cache = cls.__new__(cls)
-    cache.__dict__.update({k: tuple(v) if isinstance(v, list) else v for k, v in meta.items()})
-    cache.state = items[0] if container == "array" else (list(items) if container == "list" else tuple(items))
+    cache.__dict__.update({k: tuple(v) if isinstance(v, list) else v for k, v in plain.items()})
+    arrays = iter(pieces[-1].live())
+    for attr, count in layout:
+        setattr(cache, attr, next(arrays) if count is None else [next(arrays) for _ in range(count)])
     return cache
 
 
@@ -269,12 +278,11 @@ class PagedSSDStore:
             blocks.pop()
         if not blocks:
             return None, 0
+        # Left lazy, as a server hands them to the model: every layer is rebuilt in one go.
         caches = []
         for layer, full in enumerate(self._full):
             pieces = [b.pieces[layer] for b in blocks] if full else [blocks[-1].pieces[layer]]
-            cache = restore_layer(pieces)
-            mx.eval(cache.state)  # one layer at a time, as a server rebuilds them
-            caches.append(cache)
+            caches.append(restore_layer(pieces))
         return caches, len(blocks) * self.block_size
 
     def on_prefill(self, tokens: tuple[int, ...], done: int, caches: list) -> None:
@@ -302,7 +310,11 @@ class PagedSSDStore:
                     pieces.append(token_piece(cache, i * self.block_size, (i + 1) * self.block_size))
                 elif self.store_all_blocks or last:
                     taken = next(snapshot, None)
-                    pieces.append(taken.copy() if taken else state_piece(cache))
+                    if taken is None:
+                        taken = state_piece(cache)
+                    elif self.snapshots == "leak":  # the leaked snapshot keeps its own copy
+                        taken = taken.copy()
+                    pieces.append(taken)
                 else:
                     pieces.append(None)
             block = Block(key, pieces)

@@ -1,7 +1,9 @@
 """TurboQuant-style KV cache (seed 000): rotate, then quantize every coordinate to `bits` bits.
 
 A seeded random orthogonal rotation spreads each key/value vector's energy evenly over its
-coordinates, so one absmax scale per vector and a uniform b-bit grid lose little. Codes are packed
+coordinates, so one absmax scale per vector and a uniform b-bit grid lose little. The rotation
+is a randomized Hadamard transform (random signs, then the orthonormal Hadamard matrix), which
+is orthogonal, costs O(D log D) per vector and holds no D x D matrix. Codes are packed
 into uint32 words (bit planes of 32 coordinates), so a vector of D coordinates costs exactly
 D*b/8 bytes plus a 2-byte scale: about b/16 of fp16.
 
@@ -25,14 +27,24 @@ _WORD = 32
 
 
 @lru_cache(maxsize=None)
-def rotation(head_dim: int, seed: int = 0) -> mx.array:
-    """The random orthogonal matrix for `head_dim`, float32, the same for a given seed."""
-    gaussian = np.random.default_rng(seed).standard_normal((head_dim, head_dim))
-    q, r = np.linalg.qr(gaussian)
-    q = q * np.sign(np.diag(r))
-    matrix = mx.array(q.astype(np.float32))
-    mx.eval(matrix)
-    return matrix
+def signs(head_dim: int, seed: int = 0) -> mx.array:
+    """The rotation's random signs for `head_dim`, float32, the same for a given seed."""
+    drawn = np.random.default_rng([seed, head_dim]).choice([-1.0, 1.0], head_dim)
+    flip = mx.array(drawn.astype(np.float32))
+    mx.eval(flip)
+    return flip
+
+
+def rotate(x: mx.array, seed: int = 0) -> mx.array:
+    """x (..., D) times the orthogonal matrix H·diag(signs), in float32."""
+    dim = x.shape[-1]
+    return mx.hadamard_transform(x.astype(mx.float32) * signs(dim, seed), scale=dim**-0.5)
+
+
+def unrotate(y: mx.array, seed: int = 0) -> mx.array:
+    """Inverse of `rotate` (the normalized Hadamard matrix is its own inverse)."""
+    dim = y.shape[-1]
+    return mx.hadamard_transform(y, scale=dim**-0.5) * signs(dim, seed)
 
 
 def pack(codes: mx.array, bits: int) -> mx.array:
@@ -58,7 +70,7 @@ def unpack(words: mx.array, bits: int, dim: int) -> mx.array:
 def quantize(x: mx.array, bits: int, seed: int = 0) -> tuple[mx.array, mx.array]:
     """(packed codes, per-vector scale in x's dtype) of x (..., D) rotated."""
     levels = 2**bits - 1
-    y = x.astype(mx.float32) @ rotation(x.shape[-1], seed)
+    y = rotate(x, seed)
     scale = mx.abs(y).max(axis=-1, keepdims=True)
     unit = y / mx.where(scale > 0, scale, 1)
     codes = mx.round((unit + 1) * (levels / 2))
@@ -72,7 +84,7 @@ def dequantize(
     levels = 2**bits - 1
     unit = unpack(words, bits, dim).astype(mx.float32) * (2 / levels) - 1
     y = unit * scale.astype(mx.float32)
-    return (y @ rotation(dim, seed).T).astype(scale.dtype)
+    return unrotate(y, seed).astype(scale.dtype)
 
 
 class TurboQuantKVCache:
@@ -85,13 +97,13 @@ class TurboQuantKVCache:
             raise ValueError(f"bits must be one of {BITS}, got {bits}")
         if on_restore not in ON_RESTORE:
             raise ValueError(f"on_restore must be one of {ON_RESTORE}, got {on_restore!r}")
-        if head_dim % _WORD:
-            raise ValueError(f"head_dim must be a multiple of {_WORD}, got {head_dim}")
+        if head_dim < _WORD or head_dim & (head_dim - 1):
+            raise ValueError(f"head_dim must be a power of two, at least {_WORD}, got {head_dim}")
         self.head_dim = head_dim
         self.bits = bits
         self.on_restore = on_restore
         self.seed = seed
-        rotation(head_dim, seed)  # built once per (head_dim, seed) and shared, before any step
+        signs(head_dim, seed)  # drawn once per (head_dim, seed) and shared, before any step
         self.packed: list[mx.array] | None = None  # key codes, key scales, value codes, value scales
         self.quantized = 0  # tokens held as codes; the rest wait in `pending`
         self.pending = KVCache()
@@ -159,7 +171,7 @@ class TurboQuantKVCache:
         return [mx.array(p) for p in self._parts(start, self.offset if end is None else end)]
 
     @classmethod
-    def restore(cls, blocks: list[list[mx.array]], on_restore: str | None = None, **options):
+    def restore(cls, blocks: list[list[mx.array]], **options):
         """A working cache from consecutive blocks of `codes()`, as `on_restore` says.
 
         `dequantize` returns an fp16 `KVCache` (peak = quantized + fp16); `keep` a quantized one.
@@ -168,9 +180,7 @@ class TurboQuantKVCache:
         parts = [mx.concatenate(column, axis=2) for column in zip(*blocks)]
         cache.packed, cache.quantized = parts, parts[0].shape[2]
         cache.offset = cache.quantized
-        if (on_restore or cache.on_restore) == "keep":
-            return cache
-        return cache.expanded()
+        return cache if cache.on_restore == "keep" else cache.expanded()
 
     def expanded(self) -> KVCache:
         """An fp16 `KVCache` holding every token, dequantized (16/b times the codes)."""
@@ -183,10 +193,10 @@ class TurboQuantKVCache:
 
     @property
     def state(self):
-        """`dequantize`: the fp16 (keys, values, offset) of KVCache; `keep`: the codes."""
+        """`dequantize`: the fp16 (keys, values, offset) of KVCache; `keep`: the codes (views)."""
         if self.on_restore == "dequantize":
             return self.expanded().state
-        return (*self.codes(), self.offset)
+        return (*self._parts(0, self.offset), self.offset)
 
     @state.setter
     def state(self, v) -> None:
