@@ -51,9 +51,10 @@ class ChatSession:
         if self.logits == "full":
             self.kept.append(logits)
             return
-        # argpartition's slice would be a view of a vocab-wide index array: the casts and the
-        # gather below make (batch, k) arrays of their own, so nothing vocab-wide survives.
-        top = mx.argpartition(-logits, kth=self.k - 1, axis=-1)[..., : self.k].astype(mx.int32)
+        # argpartition's slice is a view of a vocab-wide index array (so is a same-size cast of
+        # it): copy it, so only (batch, k) arrays survive the step.
+        ranked = mx.argpartition(-logits, kth=self.k - 1, axis=-1)
+        top = mx.array(ranked[..., : self.k], dtype=mx.int32)
         values = mx.take_along_axis(logits, top, axis=-1)
         mx.eval(top, values)
         self.kept.extend((values, top))
