@@ -1,0 +1,97 @@
+"""The gemma scenarios (seeds 000 and 003) at a reduced size, served in this process: every
+"before" is flagged with its finding, and no "after" raises one over ten runs.
+
+Reduced: gemma-4-26b-a4b with a 128-token window (so blocks are 128 tokens), its first 6 layers
+(5 sliding + 1 full), or all 30 for TurboQuant: rebuilding every full layer at once is what
+sets dequantize-on-restore (185 MiB here) apart from the lazy quantization at decode start that
+both variants pay (58 MiB), as in the full-size file (1,480 vs 461 MiB); with one full layer the
+two are alike. Byte thresholds scaled to match. Everything else (components, options,
+expectations by kind) comes from the scenario files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness import detect
+from harness.scenario import ScenarioSpec, load
+from tests.conftest import serve
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+HOT = "gemma26b_hot.yaml"
+CHAT = "gemma_chat.yaml"
+RUNS = 10
+BLOCK = 128
+# Reported, not fixed here: on Linux glibc keeps the heap that freed MLX buffers came from, and
+# the host-memory detector reads it as bytes held outside MLX (see the final report). The chat
+# scenario's variants are checked without it; the hot scenario's raw-bytes canary needs it.
+MISFIRE = "host_memory"
+
+
+def reduced(path: str, variant: str) -> ScenarioSpec:
+    (scenario,) = load(SCENARIOS / path, [variant])
+    raw = scenario.spec.model_dump(exclude_none=True)
+    turboquant = raw["cache"]["layer"]["component"] == "reference.turboquant"
+    raw["model"] = {"preset": "gemma-4-26b-a4b", "layers": 30 if turboquant else 6, "window": BLOCK}
+    raw["expect"] = {k: v for k, v in raw["expect"].items()
+                     if k not in ("peak", "steady", "final")}
+    if path == HOT:
+        raw["workload"]["prefill_chunk"] = BLOCK
+        raw["workload"]["requests"] = [
+            {"prompt": 1024, "decode": 4},
+            *[{"prompt": 1164, "decode": 4, "prefix": {"request": 0, "tokens": 1024}}] * 3,
+        ]
+        block = ScenarioSpec.model_validate(raw).geometry().minimum_bytes(BLOCK)
+        raw["cache"]["store"]["options"]["hot_budget"] = 9 * block
+        raw["detect"]["spike"]["min_bytes"] = 110 * 2**20
+        raw["detect"]["host_memory"]["min_bytes"] = 16 * 2**20
+    else:
+        raw["workload"]["chat"] = {"turns": 8, "user": 224, "model": 16}
+        raw["workload"]["prefill_chunk"] = BLOCK
+        raw["detect"]["leak"]["warmup"] = 4
+        options = raw["cache"]["session"]["options"]
+        if options.get("rolling_threshold") is not None:
+            options["rolling_threshold"] = 512
+        if raw["cache"]["layer"]["component"] == "reference.rotating":
+            raw["cache"]["layer"]["options"]["max_size"] = 4096
+    return ScenarioSpec.model_validate(raw)
+
+
+def run(path: str, spec: ScenarioSpec) -> tuple[set[str], list[dict]]:
+    """Finding kinds and failed expectations (the chat scenario without the misfire)."""
+    _, findings, figures = serve(spec)
+    ignored = {MISFIRE} if path == CHAT else set()
+    failed = [c for c in detect.check(spec.expect, findings, figures)
+              if not c["ok"] and c["name"] not in ignored]
+    return {f.kind for f in findings} - ignored, failed
+
+
+@pytest.mark.parametrize("path,variant,kind", [
+    (HOT, "raw_bytes", "host_memory"),
+    (HOT, "snapshot_leak", "leak"),
+    (HOT, "turboquant_dequantize", "spike"),
+    (CHAT, "rolling_off", "leak"),
+    (CHAT, "logits_full", "growth"),
+])
+def test_each_before_is_flagged_with_its_finding(path, variant, kind):
+    found, failed = run(path, reduced(path, variant))
+    assert failed == []
+    assert kind in found
+
+
+# Growth steps are by design and unchecked where the full layers are mlx-lm's KVCache (256-slot
+# steps) or a snapshot is taken at a block boundary.
+@pytest.mark.parametrize("path,variant,allowed", [
+    (HOT, "arrays", {"growth"}),
+    (HOT, "snapshot_release", {"growth"}),
+    (HOT, "turboquant_keep", {"growth"}),
+    (CHAT, "rolling_on", {"growth", "spike"}),
+    (CHAT, "logits_top_k", {"spike"}),
+])
+def test_no_after_is_flagged_in_ten_runs(path, variant, allowed):
+    spec = reduced(path, variant)
+    for _ in range(RUNS):
+        found, failed = run(path, spec)
+        assert failed == [] and found <= allowed, (found, failed)
