@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness import detect
+from harness.isolation import estimate_bytes
 from harness.scenario import ScenarioSpec, load
 from tests.conftest import serve
 
@@ -95,3 +96,12 @@ def test_no_after_is_flagged_in_ten_runs(path, variant, allowed):
     for _ in range(RUNS):
         found, failed = run(path, spec)
         assert failed == [] and found <= allowed, (found, failed)
+
+
+def test_the_seed_size_file_does_not_fit_this_machine():
+    """gemma26b_hot_full.yaml is refused on a 24 GiB machine: every variant's estimate (the
+    harness's, including the store's estimate_bytes) is above 24 GiB."""
+    scenarios = load(SCENARIOS / "gemma26b_hot_full.yaml")
+    assert len(scenarios) == 6
+    for scenario in scenarios:
+        assert estimate_bytes(scenario.spec) > 24 * 2**30, scenario.variant
