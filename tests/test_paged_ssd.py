@@ -216,6 +216,12 @@ def test_evicted_blocks_reload_to_identical_arrays(stores, tmp_path):
     caches, matched = store.fetch(TOKENS)  # blocks 0-2 from disk, block 3 from the hot tier
     assert matched == 4 * BLOCK
     assert mx.array_equal(caches[0].keys, mx.concatenate(expected, axis=2))
+    # Blocks 0-1 only: the window and recurrent state come back from block 1's file. With no
+    # snapshots that state is the live one at store time (offset 300), as omlx stores it.
+    caches, matched = store.fetch(TOKENS[: 2 * BLOCK + 10])
+    assert matched == 2 * BLOCK
+    assert [type(c).__name__ for c in caches[2:]] == ["PreallocatedRotatingKVCache", "RecurrentState"]
+    assert sum(c.nbytes for c in caches[2:]) == SNAPSHOT and caches[3].offset == 300
     store.close()
     files = sorted(p.stem for p in tmp_path.glob("*.block"))
     assert files == sorted(keys[:3])
