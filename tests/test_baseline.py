@@ -115,3 +115,15 @@ def test_update_then_check_runs_the_suite(tmp_path, capsys, monkeypatch):
     assert code == 1 and out.startswith("🔴 kvmem: memory regression in 1 of 1 variant\n")
     assert "| 🔴 | `gate_trim/after` | retained | 0 B | 560 KiB | **+560 KiB** (+573,440 B) |" \
         in (tmp_path / "delta.md").read_text()
+
+
+def test_committed_baselines_are_valid_and_where_update_puts_them():
+    from pathlib import Path
+
+    from harness.baseline import baseline_path
+    from harness.compare import load
+
+    root = Path(__file__).resolve().parents[1] / "baselines"
+    summaries = load(root)
+    assert summaries and all(s.ok for s in summaries)
+    assert all(baseline_path(root, s) == s.path for s in summaries)
