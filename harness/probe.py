@@ -7,6 +7,10 @@ stays under 100 MB and becomes a DataFrame only at the end.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import sys
+
 import mlx.core as mx
 import numpy as np
 import pandas as pd
@@ -20,6 +24,29 @@ ROW = np.dtype([
     ("rss", np.int64), ("logical", np.int64), ("host", np.int64), ("minimum", np.int64),
     ("work", np.int64),
 ])
+
+
+def _libc_trim():
+    """glibc's `malloc_trim`, or None where the C library has none (macOS, musl)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _libc_trim()
+
+
+def release_freed_heap() -> None:
+    """Hand memory glibc keeps after `free` back to the kernel, so RSS shows what is held.
+
+    On the CPU backend MLX buffers come from malloc; once freed, glibc keeps many of their pages
+    mapped, and RSS at a quiescent point would read them as host memory still in use.
+    """
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 class Probe:

@@ -130,12 +130,10 @@ def plot_variant(frame: pd.DataFrame, findings: list[Finding], title: str, path:
 
 
 def plot_overlay(frames: dict[str, pd.DataFrame], title: str, path: Path) -> None:
-    """Every variant's active memory (and peak band) on one axis."""
+    """Every variant's active memory (and peak band) on one axis; frames must have samples."""
     mib = 2**20
     fig, ax = plt.subplots(figsize=(11, 5.5))
     for name, frame in frames.items():
-        if frame.empty:
-            continue
         base = frame["active"].iloc[0]
         thin = _thin(frame)
         line, = ax.step(thin["step"], (thin["active"] - base) / mib, where="post", label=name)

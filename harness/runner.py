@@ -17,7 +17,7 @@ import numpy as np
 from .components import resolve
 from .geometry import KIND_RECURRENT, KIND_SLIDING, Geometry
 from .kv import RecurrentState, SyntheticKV
-from .probe import Probe
+from .probe import Probe, release_freed_heap
 from .scenario import ScenarioSpec, WorkloadSpec
 
 
@@ -41,7 +41,7 @@ def request_plan(workload: WorkloadSpec, vocab: int, seed: int) -> list[tuple[np
 
 
 def planned_steps(spec: ScenarioSpec) -> int:
-    """Steps the workload takes with no prefix hit (an upper bound for the progress bar)."""
+    """Steps the workload takes with no prefix hit and no eviction: the progress bar's estimate."""
     workload = spec.workload
     chunk = workload.prefill_chunk
     if workload.chat is not None:
@@ -138,6 +138,7 @@ class Engine:
 
     def idle(self) -> None:
         """A quiescent sample: nothing in flight, what remains is what is held."""
+        release_freed_heap()
         self.probe.begin()
         self._record("idle", 0)
 

@@ -45,7 +45,8 @@ def summarize(outcome: RunOutcome, environment: dict) -> tuple[pd.DataFrame, lis
         "findings": [f.to_dict() for f in findings],
         "expectations": expectations,
         "passed": outcome.status == "ok" and all(e["ok"] for e in expectations),
-        "compare": spec.expect.model_dump(mode="json")["compare"],
+        "compare": {metric: tolerance.model_dump(mode="json")
+                    for metric, tolerance in spec.expect.compare.items()},
         "series": {"active": report.series(frame)},
         "environment": environment,
     }
@@ -66,11 +67,15 @@ def run_variants(scenarios: list[Scenario], out: Path,
             label = f"{scenario.name}/{scenario.variant}"
             task = progress.add_task(label, total=planned_steps(scenario.spec))
             outcome = execute(scenario, lambda n: progress.update(task, completed=n))
+            # The plan is an estimate (prefix hits skip steps, re-prefills add some): a finished
+            # run's bar ends full at the steps it took.
+            finished = {"total": outcome.last_step} if outcome.status == "ok" else {}
             progress.update(task, completed=outcome.last_step,
-                            description=f"{label} [{outcome.status}]")
+                            description=f"{label} [{outcome.status}]", **finished)
             frame, findings, summary = summarize(outcome, environment)
             report.write_variant(out / scenario.name / scenario.variant, frame, summary, findings)
-            frames.setdefault(scenario.name, {})[scenario.variant] = frame
+            if not frame.empty:  # a refused variant has no samples to draw
+                frames.setdefault(scenario.name, {})[scenario.variant] = frame
             summaries.append(summary)
     for name, by_variant in frames.items():
         if len(by_variant) > 1:
