@@ -27,7 +27,7 @@ def serve(probe: Probe) -> int:
 
 @pytest.mark.parametrize("probe", [Probe, NullProbe], ids=["probe_on", "probe_off"])
 def test_engine_loop(benchmark, probe):
-    steps = benchmark.pedantic(serve, setup=lambda: ((probe(),), {}), rounds=8, warmup_rounds=1)
+    steps = benchmark.pedantic(serve, setup=lambda: ((probe(),), {}), rounds=20, warmup_rounds=2)
     assert steps == 1 + 1 + 256 + 1
 
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import mlx.core as mx
+import sys
 
-from harness.probe import PHASES, ROW, Probe, to_frame
+import mlx.core as mx
+import psutil
+import pytest
+
+from harness.probe import PHASES, ROW, Probe, current_rss, release_freed_heap, to_frame
 
 
 def test_a_step_records_its_transient_peak_and_settled_active_bytes():
@@ -33,3 +37,26 @@ def test_rows_stay_compact_and_grow_by_doubling():
     assert probe.steps == 1000
     assert len(probe.rows()) == 1000 and probe.rows()["step"][-1] == 999
     assert probe._rows.nbytes <= 2 * 1000 * ROW.itemsize
+
+
+def test_rss_reading_follows_memory_the_process_touches():
+    """The probe's RSS reader agrees with psutil's and sees 64 MiB of touched host memory."""
+    assert abs(current_rss() - psutil.Process().memory_info().rss) < 2**20
+    before = current_rss()
+    held = bytearray(64 * 2**20)  # zero-filled, so every page is touched
+    assert current_rss() - before >= 60 * 2**20
+    del held
+
+
+def test_freed_heap_is_handed_back_before_an_idle_sample():
+    """Many small freed blocks stay in glibc's heap (RSS) until `release_freed_heap`."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("glibc heap behaviour")
+    chunks = [bytearray(4096) for _ in range(16_384)]  # 64 MiB in blocks below mmap's threshold
+    keep = bytearray(8192)  # malloc'd last: pins the top of the heap, so free() cannot shrink it
+    held = current_rss()
+    del chunks
+    assert held - current_rss() < 16 * 2**20  # freed, yet still resident
+    release_freed_heap()
+    assert held - current_rss() >= 48 * 2**20
+    del keep
