@@ -119,14 +119,8 @@ def plot_variant(frame: pd.DataFrame, findings: list[Finding], title: str, path:
         level = "peak" if finding.kind == "spike" else "active"
         ax.scatter(steps, (by_step.loc[steps, level] - base) / mib, marker=marker,
                    color=color, zorder=5, label=f"{finding.kind} ({finding.count})")
-    ax.set_xlabel("step (prefill chunk, decode token, fetch, store)")
-    ax.set_ylabel("MiB above baseline")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-    plt.close(fig)
+    _save(fig, ax, "step (prefill chunk, decode token, fetch, store)", "MiB above baseline",
+          title, path)
 
 
 def plot_overlay(frames: dict[str, pd.DataFrame], title: str, path: Path) -> None:
@@ -140,8 +134,13 @@ def plot_overlay(frames: dict[str, pd.DataFrame], title: str, path: Path) -> Non
         ax.fill_between(thin["step"], (thin["active"] - base) / mib,
                         (thin["peak"] - base) / mib, color=line.get_color(), alpha=0.15,
                         step="post")
-    ax.set_xlabel("step")
-    ax.set_ylabel("MiB above baseline (band: step peak)")
+    _save(fig, ax, "step", "MiB above baseline (band: step peak)", title, path)
+
+
+def _save(fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> None:
+    """Label, legend and write a figure atomically, then free it."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mlx.core as mx
 import pandas as pd
 import pytest
 
@@ -32,6 +33,22 @@ def serve(spec: ScenarioSpec) -> tuple[pd.DataFrame, list[detect.Finding], dict]
     frame = to_frame(probe.rows())
     findings = detect.detect(frame, spec.detect, "cpu")
     return frame, findings, detect.metrics(frame, findings, spec.detect)
+
+
+def active() -> int:
+    """MLX active bytes once pending work has run (arrays are freed when their last reference
+    goes; no garbage collection, which would cost more than the step it measures)."""
+    mx.synchronize()
+    return mx.get_active_memory()
+
+
+@pytest.fixture
+def exact_allocator():
+    """No buffer reuse from MLX's cache, so active bytes are the arrays' own bytes."""
+    limit = mx.set_cache_limit(0)
+    mx.clear_cache()
+    yield
+    mx.set_cache_limit(limit)
 
 
 @pytest.fixture

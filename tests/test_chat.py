@@ -3,31 +3,19 @@ per step where full logits keep vocab*4."""
 
 from __future__ import annotations
 
-import gc
-
 import mlx.core as mx
 import pytest
 
 from harness.geometry import build
 from reference_impl.chat import ChatSession
+from tests.conftest import active
 
 VOCAB = 4096
 GEOMETRY = build([{"count": 1, "kind": "full", "kv_heads": 2, "head_dim": 64}],
                  dtype="float16", vocab=VOCAB)
 
 
-@pytest.fixture(autouse=True)
-def exact_allocator():
-    limit = mx.set_cache_limit(0)
-    mx.clear_cache()
-    yield
-    mx.set_cache_limit(limit)
-
-
-def active() -> int:
-    gc.collect()
-    mx.synchronize()
-    return mx.get_active_memory()
+pytestmark = pytest.mark.usefixtures("exact_allocator")
 
 
 def logits(step: int, batch: int = 1) -> mx.array:

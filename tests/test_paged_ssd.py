@@ -7,7 +7,6 @@ Geometry: 2 full layers (2 heads, head_dim 64, fp16: 512 B per token), 1 sliding
 
 from __future__ import annotations
 
-import gc
 import threading
 import time
 
@@ -21,6 +20,7 @@ from harness.scenario import WorkloadSpec
 from reference_impl import paged_ssd
 from reference_impl.paged_ssd import PagedSSDStore, read_block
 from reference_impl.rotating import rotating
+from tests.conftest import active
 
 GEOMETRY = build([
     {"count": 2, "kind": "full", "kv_heads": 2, "head_dim": 64},
@@ -34,18 +34,7 @@ BLOCK_BYTES = 2 * FULL_PIECE + SNAPSHOT
 TOKENS = tuple(range(300))          # 4 full blocks and 44 tokens
 
 
-@pytest.fixture(autouse=True)
-def exact_allocator():
-    limit = mx.set_cache_limit(0)
-    mx.clear_cache()
-    yield
-    mx.set_cache_limit(limit)
-
-
-def active() -> int:
-    gc.collect()
-    mx.synchronize()
-    return mx.get_active_memory()
+pytestmark = pytest.mark.usefixtures("exact_allocator")
 
 
 def make_caches(geometry=GEOMETRY) -> list:

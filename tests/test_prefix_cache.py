@@ -8,17 +8,13 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache
 from harness.geometry import build
 from harness.scenario import WorkloadSpec
 from reference_impl.prefix_cache import PrefixCache, prefix_cache
+from tests.conftest import active
 
 LAYERS, H, D = 2, 2, 64
 TOKEN_BYTES = 2 * H * D * 2                     # per layer
 Q8_BYTES = 2 * H * (D * 8 // 8 + 2 * 2 * D // 64)  # packed values + fp16 scale and bias per 64
 Q4_BYTES = 2 * H * (D * 4 // 8 + 2 * 2 * D // 64)
 GEOMETRY = build([{"count": LAYERS, "kind": "full", "kv_heads": H, "head_dim": D}], dtype="float16")
-
-
-def active() -> int:
-    mx.synchronize()
-    return mx.get_active_memory()
 
 
 def request_caches(n: int, seed: int = 0) -> list[KVCache]:

@@ -12,6 +12,7 @@ from reference_impl.rotating import (
     batch_rotating,
     rotating,
 )
+from tests.conftest import active
 
 H, D = 2, 64
 TOKEN_BYTES = 2 * H * D * 2
@@ -31,11 +32,6 @@ def chunk(start: int, n: int, batch: int = 1) -> tuple[mx.array, mx.array]:
 def time_order(keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
     order = mx.argsort(keys[0, 0, :, 0].astype(mx.float32))
     return keys[:, :, order, :], values[:, :, order, :]
-
-
-def active() -> int:
-    mx.synchronize()
-    return mx.get_active_memory()
 
 
 def step(cache, start: int, n: int, batch: int = 1) -> tuple[int, int]:

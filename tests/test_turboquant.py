@@ -11,22 +11,12 @@ from mlx_lm.models.cache import KVCache
 
 from reference_impl.turboquant import (BITS, TurboQuantKVCache, dequantize, pack, quantize,
                                        rotate, unpack)
+from tests.conftest import active
 
 B, H, D = 1, 2, 64
 
 
-@pytest.fixture(autouse=True)
-def exact_allocator():
-    """No buffer reuse from MLX's cache, so active bytes are the arrays' own bytes."""
-    limit = mx.set_cache_limit(0)
-    mx.clear_cache()
-    yield
-    mx.set_cache_limit(limit)
-
-
-def active() -> int:
-    mx.synchronize()
-    return mx.get_active_memory()
+pytestmark = pytest.mark.usefixtures("exact_allocator")
 
 
 def kv(tokens: int, seed: int = 0) -> tuple[mx.array, mx.array]:
