@@ -35,6 +35,13 @@ def serve(spec: ScenarioSpec) -> tuple[pd.DataFrame, list[detect.Finding], dict]
     return frame, findings, detect.metrics(frame, findings, spec.detect)
 
 
+def kinds_and_failures(spec: ScenarioSpec) -> tuple[set[str], list[dict]]:
+    """The finding kinds of a spec served in this process, and its failed expectations."""
+    _, findings, figures = serve(spec)
+    failed = [c for c in detect.check(spec.expect, findings, figures) if not c["ok"]]
+    return {f.kind for f in findings}, failed
+
+
 def active() -> int:
     """MLX active bytes once pending work has run (arrays are freed when their last reference
     goes; no garbage collection, which would cost more than the step it measures)."""

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import detect
 from harness.isolation import estimate_bytes
 from harness.scenario import ScenarioSpec, load
-from tests.conftest import serve
+from tests.conftest import kinds_and_failures
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 HOT = "gemma26b_hot.yaml"
@@ -56,12 +55,6 @@ def reduced(path: str, variant: str) -> ScenarioSpec:
     return ScenarioSpec.model_validate(raw)
 
 
-def run(spec: ScenarioSpec) -> tuple[set[str], list[dict]]:
-    """Finding kinds and failed expectations."""
-    _, findings, figures = serve(spec)
-    failed = [c for c in detect.check(spec.expect, findings, figures) if not c["ok"]]
-    return {f.kind for f in findings}, failed
-
 
 @pytest.mark.parametrize("path,variant,kind", [
     (HOT, "raw_bytes", "host_memory"),
@@ -71,7 +64,7 @@ def run(spec: ScenarioSpec) -> tuple[set[str], list[dict]]:
     (CHAT, "logits_full", "growth"),
 ])
 def test_each_before_is_flagged_with_its_finding(path, variant, kind):
-    found, failed = run(reduced(path, variant))
+    found, failed = kinds_and_failures(reduced(path, variant))
     assert failed == []
     assert kind in found
 
@@ -88,7 +81,7 @@ def test_each_before_is_flagged_with_its_finding(path, variant, kind):
 def test_no_after_is_flagged_in_ten_runs(path, variant, allowed):
     spec = reduced(path, variant)
     for _ in range(RUNS):
-        found, failed = run(spec)
+        found, failed = kinds_and_failures(spec)
         assert failed == [] and found <= allowed, (found, failed)
 
 

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import detect
 from harness.isolation import execute
 from harness.report import environment
 from harness.scenario import ScenarioSpec, load
 from harness.suite import summarize
-from tests.conftest import serve
+from tests.conftest import kinds_and_failures
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 ROTATING = "qwen3_8b_rotating.yaml"
@@ -50,12 +49,6 @@ def reduced(path: str, variant: str, layers: int) -> ScenarioSpec:
     return ScenarioSpec.model_validate(raw)
 
 
-def run(spec: ScenarioSpec) -> tuple[set[str], list[dict]]:
-    """Finding kinds and failed expectations."""
-    frame, findings, figures = serve(spec)
-    failed = [c for c in detect.check(spec.expect, findings, figures) if not c["ok"]]
-    return {f.kind for f in findings}, failed
-
 
 @pytest.mark.parametrize("path,variant,layers,kinds", [
     (ROTATING, "before", 12, {"growth", "spike"}),
@@ -64,7 +57,7 @@ def run(spec: ScenarioSpec) -> tuple[set[str], list[dict]]:
     (PREFIX, "bug69", 2, {"spike", "growth"}),
 ])
 def test_each_before_is_flagged_with_its_finding(path, variant, layers, kinds):
-    found, failed = run(reduced(path, variant, layers))
+    found, failed = kinds_and_failures(reduced(path, variant, layers))
     assert failed == []
     assert found == kinds
 
@@ -83,7 +76,7 @@ def test_each_before_is_flagged_with_its_finding(path, variant, layers, kinds):
 def test_no_after_is_flagged_in_ten_runs(path, variant, layers, allowed):
     spec = reduced(path, variant, layers)
     for _ in range(RUNS):
-        found, failed = run(spec)
+        found, failed = kinds_and_failures(spec)
         assert failed == [] and found <= allowed, (found, failed)
 
 
