@@ -18,6 +18,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 import mlx.core as mx  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -137,7 +139,7 @@ def plot_overlay(frames: dict[str, pd.DataFrame], title: str, path: Path) -> Non
     _save(fig, ax, "step", "MiB above baseline (band: step peak)", title, path)
 
 
-def _save(fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> None:
+def _save(fig: Figure, ax: Axes, xlabel: str, ylabel: str, title: str, path: Path) -> None:
     """Label, legend and write a figure atomically, then free it."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)

@@ -67,11 +67,12 @@ def run_variants(scenarios: list[Scenario], out: Path,
             label = f"{scenario.name}/{scenario.variant}"
             task = progress.add_task(label, total=planned_steps(scenario.spec))
             outcome = execute(scenario, lambda n: progress.update(task, completed=n))
-            # The plan is an estimate (prefix hits skip steps, re-prefills add some): a finished
-            # run's bar ends full at the steps it took.
-            finished = {"total": outcome.last_step} if outcome.status == "ok" else {}
             progress.update(task, completed=outcome.last_step,
-                            description=f"{label} [{outcome.status}]", **finished)
+                            description=f"{label} [{outcome.status}]")
+            if outcome.status == "ok":
+                # The plan is an estimate (prefix hits skip steps, re-prefills add some): a
+                # finished run's bar ends full at the steps it took.
+                progress.update(task, total=outcome.last_step)
             frame, findings, summary = summarize(outcome, environment)
             report.write_variant(out / scenario.name / scenario.variant, frame, summary, findings)
             if not frame.empty:  # a refused variant has no samples to draw
