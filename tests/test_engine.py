@@ -10,7 +10,10 @@ STEP_SLOTS = 256  # mlx-lm's KVCache grows in blocks of 256 slots
 def growth_spec(**extra):
     return make_spec(
         workload={"prefill_chunk": 100, "requests": [{"prompt": 100, "decode": 700}]},
-        detect={"spike": {"min_bytes": "1 MiB"}, "growth": {"min_bytes": "64 KiB"}},
+        # Below the smallest transient a growth step must make (at the first boundary, one
+        # array's 256 old slots and 256 new ones: 1 MiB, see below), so every boundary is found
+        # in every run; the other steps' peak noise measured under 4 KiB, three runs at once.
+        detect={"spike": {"min_bytes": "512 KiB"}, "growth": {"min_bytes": "64 KiB"}},
         **extra,
     )
 
@@ -36,10 +39,16 @@ def test_kvcache_growth_steps_are_found_at_every_256_token_boundary():
     assert by_kind["growth"].steps == expected_steps
     # Each growth step grows the buffer by 256 slots for one token.
     assert by_kind["growth"].bytes == STEP_SLOTS * TOKEN_BYTES - TOKEN_BYTES
-    # The largest, 768 -> 1024 slots: old buffer, zero block and result are alive together
-    # (2048 slots) against 1024 settled, so 1024 slots above; the peak adds a few bytes.
-    assert 0 <= by_kind["spike"].bytes - 1024 * TOKEN_BYTES < 2**20
-    assert by_kind["spike"].step == expected_steps[-1]
+    # How many of the eight K/V arrays still hold their old buffer while the others' results
+    # exist depends on when MLX's worker thread frees them (measured 8 to 16 MiB at the last
+    # boundary). What the physics guarantees: while the last concatenation of the step runs,
+    # every other array holds its grown buffer and this one holds its old buffer, its new
+    # block and the result, so the peak exceeds the settled memory by at least one array's
+    # old buffer and block (its 1024 slots: a layer's K, an eighth of a token's bytes over the
+    # four layers), less the token's own K/V. At most, all eight are alive at once.
+    last_array = 1024 * TOKEN_BYTES // 8
+    assert last_array - TOKEN_BYTES <= by_kind["spike"].bytes <= 1024 * TOKEN_BYTES + 2**20
+
 
 
 def test_a_leaking_store_is_flagged_with_its_bytes_per_request():
