@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from rich.console import Console
@@ -17,6 +20,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import baseline, compare, geometry
+from . import noise
+from .isolation import DEFAULT_TIMEOUT
+from .report import ReportError
 from .scenario import ScenarioError, discover, load
 from .suite import exit_status, run_variants, table
 
@@ -29,7 +35,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         scenarios.extend(load(path, args.variant))
     if not scenarios:
         raise ScenarioError(f"{', '.join(args.paths)}: no scenario files (*.yaml) found")
-    summaries = run_variants(scenarios, Path(args.out), console)
+    summaries = run_variants(scenarios, Path(args.out), console, args.timeout)
     console.print(table(summaries))
     console.print(f"reports written under {args.out}/")
     return exit_status(summaries)
@@ -61,19 +67,88 @@ def _list(args: argparse.Namespace, console: Console) -> int:
 
 
 def _show(args: argparse.Namespace, console: Console) -> int:
+    """Print summaries; a file that is not one is bad input naming the file and the field."""
     path = Path(args.report)
-    files = [path] if path.is_file() else sorted(path.rglob("summary.json"))
+    try:
+        files = [path] if path.is_file() else sorted(path.rglob("summary.json"))
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read: {exc.strerror or exc}") from None
     if not files:
         raise ScenarioError(f"{path}: no summary.json found")
-    summaries = []
-    for file in files:
+
+    def number(value: object) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    def checked(file: Path) -> dict:
+        """The summary in `file`, its text escaped for rich markup, with defaults filled in."""
+        def bad(where: str, expected: str) -> ScenarioError:
+            return ScenarioError(f"{file}: not a valid summary: {where}: expected {expected}")
+
         try:
-            summaries.append(json.loads(file.read_text()))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ScenarioError(f"{file}: not a readable summary: {exc}") from None
+            data = json.loads(file.read_bytes().decode("utf-8"))
+        except OSError as exc:
+            raise ScenarioError(f"{file}: cannot read: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise ScenarioError(f"{file}: not a valid summary: not UTF-8 text") from None
+        except ValueError as exc:  # JSONDecodeError is a ValueError
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ScenarioError(f"{file}: not a valid summary: corrupt JSON: {reason}") from None
+        except RecursionError:
+            raise ScenarioError(f"{file}: not a valid summary: JSON nested too deeply") from None
+        if not isinstance(data, dict):
+            raise bad("(top level)", "a JSON object")
+        for key in ("scenario", "variant", "status"):
+            if not isinstance(data.get(key), str):
+                raise bad(key, "text" if key in data else "text (missing)")
+        metrics = data.get("metrics")
+        if not isinstance(metrics, dict):
+            raise bad("metrics", "an object" if "metrics" in data else "an object (missing)")
+        for key in ("peak", "steady"):
+            if metrics.get(key) is not None and not number(metrics[key]):
+                raise bad(f"metrics.{key}", "a number of bytes")
+        findings = data.get("findings", [])
+        if not isinstance(findings, list):
+            raise bad("findings", "a list")
+        for i, finding in enumerate(findings):
+            if not isinstance(finding, dict):
+                raise bad(f"findings.{i}", "an object")
+            for key in ("kind", "message"):
+                if not isinstance(finding.get(key), str):
+                    raise bad(f"findings.{i}.{key}", "text")
+        expectations = data.get("expectations", [])
+        if not isinstance(expectations, list):
+            raise bad("expectations", "a list")
+        for i, item in enumerate(expectations):
+            if not isinstance(item, dict):
+                raise bad(f"expectations.{i}", "an object")
+            if not isinstance(item.get("ok"), bool):
+                raise bad(f"expectations.{i}.ok", "true or false")
+        passed = data.get("passed", data["status"] == "ok" and all(e["ok"] for e in expectations))
+        if not isinstance(passed, bool):
+            raise bad("passed", "true or false")
+        error = data.get("error")
+        if data["status"] != "ok" and not isinstance(error, (str, type(None))):
+            raise bad("error", "text")
+        def text(value: object) -> str:
+            return escape(str(value))  # a field may hold [markup] that rich would interpret
+
+        return {
+            "scenario": text(data["scenario"]), "variant": text(data["variant"]),
+            "status": text(data["status"]),
+            "error": text((error or "").strip() or f"run {data['status']} (no error recorded)"),
+            "metrics": {k: metrics.get(k) for k in ("peak", "steady")},
+            "findings": [{"kind": text(f["kind"]), "count": text(f.get("count", "?")),
+                          "message": text(f["message"])} for f in findings],
+            "expectations": [{"ok": e["ok"], "name": text(e.get("name", "?")),
+                              "expected": text(e.get("expected", "?")),
+                              "actual": text(e.get("actual", "?"))} for e in expectations],
+            "passed": passed,
+        }
+
+    summaries = [checked(file) for file in files]
     console.print(table(summaries))
     for s in summaries:
-        for f in s.get("findings", []):
+        for f in s["findings"]:
             console.print(f"  {s['scenario']}/{s['variant']}: [bold]{f['kind']}[/bold] {f['message']}")
     return exit_status(summaries)
 
@@ -88,6 +163,9 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("paths", nargs="+", help="scenario YAML files or folders of them")
     run.add_argument("--variant", action="append", help="run only this variant (repeatable)")
     run.add_argument("--out", default="reports", help="report folder (default: reports)")
+    run.add_argument("--timeout", type=_seconds, metavar="SECONDS",
+                     help="kill a variant that runs longer (default: the scenario's timeout, "
+                          f"else {DEFAULT_TIMEOUT:g} s)")
     run.set_defaults(handler=_run)
     listing = sub.add_parser("list", help="list bundled scenarios and model presets")
     listing.add_argument("--dir", default=str(DEFAULT_SCENARIOS), help="scenario folder")
@@ -97,21 +175,44 @@ def parser() -> argparse.ArgumentParser:
     show.set_defaults(handler=_show)
     compare.add_parser(sub)
     baseline.add_parser(sub)
+    noise.add_parser(sub)
     return top
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _terminate(signum: int, frame: object) -> None:
+    """SIGTERM ends a run as Ctrl-C does: the running child is killed, written reports stay."""
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     # Logs in CI are wide; a terminal keeps its own width.
     console = Console(width=None if sys.stdout.isatty() else 160)
+    errors = Console(stderr=True, soft_wrap=True)
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if in_main else None
     try:
         return args.handler(args, console)
-    except ScenarioError as exc:
-        Console(stderr=True, soft_wrap=True).print(
-            f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+    except (ScenarioError, ReportError) as exc:
+        errors.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 2
     except KeyboardInterrupt:
+        errors.print("[red]interrupted[/red]: the running variant was stopped; reports already "
+                     "written are kept", highlight=False)
         return 130
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -5,26 +5,45 @@ varies run to run on CPU (an MLX worker thread frees inputs asynchronously), so 
 a floor that absorbs that noise and no more; RSS includes the interpreter and the allocator cache,
 so it gets a generous one. A change counts only when it exceeds both the absolute floor and the
 relative threshold. Results from different backends are never compared.
+
+A summary recorded over several runs (`kvmem noise`, `baseline update --runs N`) carries the
+measured spread of peak and spike; their floor is then at least NOISE_MARGIN times that spread,
+so a value measured once inside the recorded range never fails a pull request.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TypeGuard
 
+from harness.metrics import METRICS  # all lower-is-better
 from harness.report import SCHEMA, atomic_text
-from harness.scenario import parse_size
+from harness.scenario import MAX_SIZE, parse_size
 
 MiB = 1 << 20
 
-# All metrics are "lower is better".
-METRICS = (
-    "peak", "steady", "final", "largest_spike", "leak_rate", "retained", "rss_peak",
-    "overhead_ratio",
-)
+# Step-peak metrics move run to run on CPU, so their spread is measured; active-byte metrics are
+# exact and must be identical run to run.
+NOISY = ("peak", "largest_spike")
+EXACT = ("steady", "final", "retained", "leak_rate")
+# The spread of N runs is a lower bound of the noise's true range R, and base and head may each
+# lie anywhere in R. For noise spread evenly over R, N runs span (N-1)/(N+1) of it on average:
+# 2/3 for the default 5, so 1.5x the spread estimates R itself. (A rare value that no run hit
+# is not covered by any margin: record with more runs.)
+NOISE_MARGIN = 1.5
+
+
+@dataclass(frozen=True)
+class Noise:
+    """The run-to-run spread (max - min) of one metric over `runs` runs of a variant."""
+
+    spread: float
+    runs: int
 
 
 @dataclass(frozen=True)
@@ -33,13 +52,21 @@ class Tolerance:
 
     rel: float
     abs: float
+    noise: Noise | None = None  # the measured spread that set `abs`, when it did
 
     def exceeded(self, base: float, delta: float) -> bool:
         return abs(delta) > self.abs and abs(delta) > self.rel * abs(base)
 
+    def widened(self, noise: Noise | None) -> Tolerance:
+        """This tolerance with its floor raised to NOISE_MARGIN x the spread, where that is more."""
+        if noise is None or NOISE_MARGIN * noise.spread <= self.abs:
+            return self
+        return replace(self, abs=NOISE_MARGIN * noise.spread, noise=noise)
+
 
 DEFAULT_TOLERANCES: dict[str, Tolerance] = {
-    # Under load the CPU step peak moves by up to ~2 MiB between identical runs.
+    # Under load the CPU step peak usually moves by up to ~2 MiB between identical runs; a
+    # variant that moves more records its spread (harness.noise), which widens this floor.
     "peak": Tolerance(rel=0.0, abs=4 * MiB),
     "largest_spike": Tolerance(rel=0.0, abs=4 * MiB),
     # Exact on one backend: the floor only absorbs float rounding in the fitted leak rate.
@@ -58,11 +85,23 @@ class CompareError(Exception):
 
 
 def size(value: int | str) -> int:
-    """Bytes from an int or a string such as `4 MiB`, as in scenario files."""
+    """Bytes from an int or a string such as `4 MiB`, as in scenario files.
+
+    Whatever parse_size raises is bad input here, overflow included (`1e400 GiB`, a 400-digit
+    integer): never a traceback.
+    """
     try:
         return parse_size(value)
-    except ValueError as exc:
+    except (ValueError, OverflowError, TypeError) as exc:
         raise CompareError(f"{value!r}: {exc}") from None
+
+
+def _finite(value: object) -> TypeGuard[float]:
+    """A JSON number a metric can hold: not a bool, not NaN or infinite, and within the sizes
+    that floats hold exactly (a 400-digit integer would overflow every rendering)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return abs(value) <= MAX_SIZE if isinstance(value, int) else math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -94,7 +133,16 @@ class Summary:
 
     def metric(self, name: str) -> float | None:
         value = (self.data.get("metrics") or {}).get(name)
-        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        return value if _finite(value) else None
+
+    def noise(self, name: str) -> Noise | None:
+        """The recorded run-to-run spread of a step-peak metric, from the `noise` block."""
+        block = self.data.get("noise")
+        if name not in NOISY or not isinstance(block, dict):
+            return None
+        if not isinstance(block.get(name), dict):
+            return None
+        return Noise(block[name]["spread"], block["runs"])
 
 
 def read_summary(path: Path) -> Summary:
@@ -103,19 +151,81 @@ def read_summary(path: Path) -> Summary:
         data = json.loads(Path(path).read_text())
     except OSError as exc:
         raise CompareError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:
+        # JSONDecodeError and UnicodeDecodeError are ValueErrors, and so is an integer of more
+        # than 4,300 digits; nesting deeper than the interpreter's stack is a RecursionError.
         raise CompareError(f"{path}: not a valid summary (corrupt JSON: {exc})") from None
     if not isinstance(data, dict):
         raise CompareError(f"{path}: not a valid summary (expected a JSON object)")
     if data.get("schema") != SCHEMA:
         raise CompareError(f"{path}: unsupported summary schema {data.get('schema')!r}, "
                            f"expected {SCHEMA}")
+    return checked(Summary(Path(path), data))
+
+
+def checked(summary: Summary) -> Summary:
+    """The summary, if it can be compared and recorded; bad input naming its file otherwise."""
+    problem = invalid(summary.data)
+    if problem:
+        raise CompareError(f"{summary.path}: not a valid summary ({problem})")
+    return summary
+
+
+def invalid(data: dict) -> str | None:
+    """Why a summary dict cannot be compared or recorded, or None.
+
+    A run that says ok must carry every compared metric as a finite number (overhead_ratio may
+    be null: no analytic minimum): a child that stopped early once wrote `metrics: {}`, and
+    comparing nothing with nothing read as "no change".
+    """
     for name in ("scenario", "variant", "status"):
         if not isinstance(data.get(name), str):
-            raise CompareError(f"{path}: not a valid summary (missing or non-string '{name}')")
-    if data["status"] == "ok" and not isinstance(data.get("metrics"), dict):
-        raise CompareError(f"{path}: not a valid summary (status ok but no 'metrics' object)")
-    return Summary(Path(path), data)
+            return f"missing or non-string '{name}'"
+    environment = data.get("environment")
+    if environment is not None and not isinstance(environment, dict):
+        return "'environment' is not an object"
+    if not isinstance((environment or {}).get("backend", "?"), str):
+        return "'environment.backend' is not a string"
+    if data["status"] != "ok":
+        return None
+    metrics = data.get("metrics")
+    if not isinstance(metrics, dict):
+        return "status ok but no 'metrics' object"
+    missing = [name for name in METRICS if name not in metrics]
+    if missing:
+        return f"status ok but metrics lack {', '.join(missing)}"
+    for name in METRICS:
+        value = metrics[name]
+        if not (_finite(value) or (name == "overhead_ratio" and value is None)):
+            return f"metrics.{name}: expected a finite number, got {_brief(value)}"
+    return _invalid_noise(data.get("noise"))
+
+
+def _brief(value: object) -> str:
+    """A JSON value as the file holds it, cut to fit an error line."""
+    if isinstance(value, int) and abs(value) >= 10**40:
+        return "a huge integer"  # json.dumps refuses more than 4,300 digits
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _invalid_noise(block: object) -> str | None:
+    """Why a `noise` block (see harness.noise) is malformed, or None when absent or sound."""
+    if block is None:
+        return None
+    if not isinstance(block, dict):
+        return "'noise' is not an object"
+    runs = block.get("runs")
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+        return f"noise.runs: expected a count of runs, got {_brief(runs)}"
+    for name in NOISY:
+        entry = block.get(name)
+        if entry is None:
+            continue
+        spread = entry.get("spread") if isinstance(entry, dict) else None
+        if not _finite(spread) or spread < 0:
+            return f"noise.{name}.spread: expected a size of zero or more bytes"
+    return None
 
 
 def load(path: str | Path) -> list[Summary]:
@@ -129,8 +239,18 @@ def load(path: str | Path) -> list[Summary]:
         return [read_summary(path)]
     if not path.is_dir():
         raise CompareError(f"{path}: no such file or folder")
-    files = sorted(path.rglob("summary.json")) or sorted(path.rglob("*.json"))
+    files = _visible(path, "summary.json") or _visible(path, "*.json")
     return [read_summary(f) for f in files]
+
+
+def _visible(root: Path, pattern: str) -> list[Path]:
+    """Files under `root` matching `pattern`, leaving out hidden names at any depth.
+
+    Atomic writes leave `.summary.json.<random>.json` files, and report folders are staged as
+    `.<variant>.new.<random>/`, when interrupted: half-written data, never a summary.
+    """
+    return sorted(f for f in root.rglob(pattern)
+                  if not any(part.startswith(".") for part in f.relative_to(root).parts))
 
 
 @dataclass(frozen=True)
@@ -138,7 +258,9 @@ class MetricDelta:
     metric: str
     base: float
     head: float
-    tolerance: Tolerance
+    tolerance: Tolerance  # as applied: widened by the measured noise where that is larger
+    base_noise: Noise | None = None
+    head_noise: Noise | None = None
 
     @property
     def delta(self) -> float:
@@ -227,19 +349,28 @@ def tolerances(head: Summary, rel: dict[str, float] | None = None,
                abs_: dict[str, float] | None = None) -> dict[str, Tolerance]:
     """Defaults, then the head scenario's `expect.compare`, then command-line flags."""
     result = dict(DEFAULT_TOLERANCES)
-    for name, spec in (head.data.get("compare") or {}).items():
-        if name not in result or not isinstance(spec, dict):
+    spec = head.data.get("compare") or {}
+    if not isinstance(spec, dict):
+        raise CompareError(f"{head.path}: compare: expected an object of metric tolerances")
+    for name, metric_spec in spec.items():
+        if name not in result or not isinstance(metric_spec, dict):
             raise CompareError(f"{head.path}: compare.{name}: expected a metric among "
                                f"{', '.join(METRICS)} with {{rel, abs}}")
-        current = result[name]
-        spec_rel, spec_abs = spec.get("rel"), spec.get("abs")
-        result[name] = Tolerance(rel=current.rel if spec_rel is None else float(spec_rel),
-                                 abs=current.abs if spec_abs is None else size(spec_abs))
+        try:
+            result[name] = _scenario_tolerance(result[name], metric_spec)
+        except CompareError as exc:
+            raise CompareError(f"{head.path}: compare.{name}: {exc}") from None
     for name, value in (rel or {}).items():
         result[name] = replace(result[name], rel=value)
     for name, value in (abs_ or {}).items():
         result[name] = replace(result[name], abs=value)
     return result
+
+
+def _scenario_tolerance(current: Tolerance, spec: dict) -> Tolerance:
+    spec_rel, spec_abs = spec.get("rel"), spec.get("abs")
+    return Tolerance(rel=current.rel if spec_rel is None else _fraction(spec_rel),
+                     abs=current.abs if spec_abs is None else size(spec_abs))
 
 
 def _failure(summary: Summary) -> str:
@@ -268,7 +399,9 @@ def _pair(base: Summary, head: Summary, rel: dict, abs_: dict) -> Entry:
     for name in METRICS:
         b, h = base.metric(name), head.metric(name)
         if b is not None and h is not None:
-            entry.deltas.append(MetricDelta(name, b, h, limits[name]))
+            noise = base.noise(name), head.noise(name)
+            widest = max((n for n in noise if n), key=lambda n: n.spread, default=None)
+            entry.deltas.append(MetricDelta(name, b, h, limits[name].widened(widest), *noise))
     if _versions(base) != _versions(head):
         entry.note = "mlx/mlx-lm {} vs {}".format(*("/".join(_versions(s)) for s in (base, head)))
     return entry
@@ -347,12 +480,13 @@ def _metric_values(pairs: list[str], flag: str, convert) -> dict[str, float]:
     return values
 
 
-def _fraction(value: str) -> float:
+def _fraction(value: str | float) -> float:
+    """A relative threshold: a finite number of zero or more (`inf` would disable the gate)."""
     try:
-        fraction = float(value)
-    except ValueError:
+        fraction = -1.0 if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
         fraction = -1.0
-    if not fraction >= 0:
+    if not (math.isfinite(fraction) and fraction >= 0):
         raise CompareError(f"not a fraction: {value!r} (expected e.g. 0.05)")
     return fraction
 

@@ -9,6 +9,9 @@ the small adapters below only translate a layer's geometry into their constructo
 from __future__ import annotations
 
 import importlib
+import inspect
+import multiprocessing as mp
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from mlx_lm.models import cache as mlx_cache
@@ -80,3 +83,75 @@ def resolve(name: str) -> Callable[..., Any]:
     if not callable(factory):
         raise ComponentError(f"{module_name!r} has no callable {attr!r} (from {name!r})")
     return factory
+
+
+@dataclass(frozen=True)
+class Binding:
+    """One component of a scenario to check: where it is named, what, and its first argument."""
+
+    field: str  # e.g. "variant 'after': cache.store"
+    name: str
+    options: dict[str, Any]
+    first_arg: Any
+
+
+def _bind(binding: Binding) -> str | None:
+    """Why `binding` cannot be constructed as written, or None when it can."""
+    try:
+        factory = resolve(binding.name)
+    except ComponentError as exc:
+        return f"{binding.field}.component: {exc}"
+    try:
+        inspect.signature(factory).bind(binding.first_arg, **binding.options)
+    except TypeError as exc:
+        return f"{binding.field}.options: {exc} (for {binding.name})"
+    except ValueError:
+        pass  # builtins without a signature: the run will tell
+    return None
+
+
+def _bind_in_child(bindings: list[Binding], pipe: Any) -> None:
+    pipe.send([_bind(b) for b in bindings])
+
+
+IMPORT_TIMEOUT = 120.0  # seconds for a child to import and bind a scenario's user components
+
+
+def check(bindings: list[Binding]) -> list[str]:
+    """Why each component cannot be built, so a typo fails before any run; empty when all can.
+
+    kvmem's own components are checked here. Components named by import path are user code
+    that may exit, crash or hang at import, so they are imported in a spawned child, all of a
+    scenario's at once, and a child that ends without answering is itself the error.
+    """
+    user = [b for b in bindings if b.name not in REGISTRY and ":" in b.name]
+    problems = [p for b in bindings if b not in user if (p := _bind(b))]
+    if not user:
+        return problems
+    context = mp.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_bind_in_child, args=(user, send), daemon=True)
+    child.start()
+    send.close()
+    answer, timed_out = None, False
+    try:
+        if receive.poll(IMPORT_TIMEOUT):
+            answer = receive.recv()
+        else:
+            timed_out = child.is_alive()
+    except (EOFError, OSError):
+        pass  # the child ended without answering
+    finally:
+        child.join(timeout=5)
+        if child.is_alive():
+            child.kill()
+            child.join()
+        receive.close()
+    if answer is None:
+        code = child.exitcode or 0
+        how = (f"hung for {IMPORT_TIMEOUT:g} s" if timed_out else
+               f"was killed by signal {-code}" if code < 0 else f"exited with status {code}")
+        names = ", ".join(sorted({b.name for b in user}))
+        return problems + [f"{user[0].field}.component: the process importing {names} {how} "
+                           "before it could answer"]
+    return problems + [p for p in answer if p]

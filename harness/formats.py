@@ -11,7 +11,7 @@ import json
 import xml.etree.ElementTree as ET
 
 from harness.compare import (COMPARED, FAILED, INCOMPARABLE, METRICS, NEW, REMOVED, Comparison,
-                             Entry, MetricDelta)
+                             Entry, MetricDelta, Noise, Tolerance)
 
 MARKER = "<!-- kvmem-memory-delta -->"
 COMMENT_LIMIT = 50_000
@@ -45,6 +45,18 @@ def _exact(delta: MetricDelta) -> str:
     if delta.metric == "overhead_ratio" or abs(delta.delta) < 1024:
         return ""
     return f" ({delta.delta:+,.0f} B)"
+
+
+def format_tolerance(metric: str, tolerance: Tolerance) -> str:
+    """`256 B`, `64 MiB and 10%`, `12 MiB (measured spread 8 MiB over 5 runs)`: what a change
+    had to exceed, and where that came from when it was measured rather than configured."""
+    text = f"{tolerance.abs:g}" if metric == "overhead_ratio" else format_bytes(tolerance.abs)
+    if tolerance.rel:
+        text += f" and {tolerance.rel * 100:g}%"
+    if tolerance.noise is not None:
+        text += (f" (measured spread {format_bytes(tolerance.noise.spread)} over "
+                 f"{tolerance.noise.runs} runs)")
+    return text
 
 
 def format_percent(delta: MetricDelta) -> str:
@@ -109,14 +121,27 @@ def _state_lines(comparison: Comparison, code: str = "`", most: int = 20) -> lis
     return lines
 
 
+def _noise_lines(comparison: Comparison, code: str = "`", most: int = 20) -> list[str]:
+    """One line naming the tolerances that measured run-to-run noise widened past the floor."""
+    widened = [f"{code}{e.label}{code} {d.metric} {format_tolerance(d.metric, d.tolerance)}"
+               for e in comparison.entries for d in e.deltas if d.tolerance.noise is not None]
+    if not widened:
+        return []
+    more = f" and {len(widened) - most} more" if len(widened) > most else ""
+    names = ", ".join(widened[:most])
+    return [f"📏 Tolerance from measured noise ({len(widened)}): {names}{more}"]
+
+
 def render_text(comparison: Comparison) -> str:
     lines = [headline(comparison)]
     lines += [f"note: {n}" for n in comparison.notes]
     for entry, d in _changed_rows(comparison):
         base, head = format_pair(d)
         lines.append(f"  {d.verdict:<11} {entry.label:<40} {d.metric:<14} {base:>12} -> "
-                     f"{head:>12}  {format_value(d.metric, d.delta, True)} ({format_percent(d)})")
-    lines += [f"  {line}" for line in _state_lines(comparison, code="")]
+                     f"{head:>12}  {format_value(d.metric, d.delta, True)} ({format_percent(d)})"
+                     f"  tolerance {format_tolerance(d.metric, d.tolerance)}")
+    lines += [f"  {line}" for line in _state_lines(comparison, code="")
+              + _noise_lines(comparison, code="")]
     return "\n".join(lines) + "\n"
 
 
@@ -135,13 +160,14 @@ def render_markdown(comparison: Comparison, limit: int = COMMENT_LIMIT) -> str:
         ([MARKER, f"### {headline(comparison)}", ""] + [f"> ⚠️ {n}" for n in comparison.notes]
          + ([""] if comparison.notes else []), [], [])]
     if changed:
-        sections.append((["| | variant | metric | base | head | Δ | Δ % |",
-                          "|:-:|---|---|--:|--:|--:|--:|"],
+        sections.append((["| | variant | metric | base | head | Δ | Δ % | tolerance |",
+                          "|:-:|---|---|--:|--:|--:|--:|--:|"],
                          [f"| {ICONS[d.verdict]} | `{e.label}` | {d.metric} | "
                           f"{' | '.join(format_pair(d))} | "
-                          f"**{format_value(d.metric, d.delta, True)}**{_exact(d)} | {format_percent(d)} |"
+                          f"**{format_value(d.metric, d.delta, True)}**{_exact(d)} | {format_percent(d)} | "
+                          f"{format_tolerance(d.metric, d.tolerance)} |"
                           for e, d in changed], [""]))
-    states = _state_lines(comparison)
+    states = _state_lines(comparison) + _noise_lines(comparison)
     if states:
         sections.append(([], [f"- {line}" for line in states], [""]))
     sparked = {e.label: e for e, _ in changed}
@@ -186,16 +212,29 @@ def _fit(sections: list[tuple[list[str], list[str], list[str]]], limit: int) -> 
     return "\n".join(lines) + "\n"
 
 
+def _noise_json(noise: Noise | None) -> dict | None:
+    return None if noise is None else {"spread": noise.spread, "runs": noise.runs}
+
+
+def _metric_json(d: MetricDelta) -> dict:
+    """A metric's delta, the tolerance applied (with the spread that set it, if one did) and
+    the spread each side recorded."""
+    tolerance = {"rel": d.tolerance.rel, "abs": d.tolerance.abs,
+                 "source": "configured" if d.tolerance.noise is None else "measured noise",
+                 "noise": _noise_json(d.tolerance.noise),
+                 "text": format_tolerance(d.metric, d.tolerance)}
+    return {"base": d.base, "head": d.head, "delta": d.delta, "relative": d.relative,
+            "verdict": d.verdict, "tolerance": tolerance,
+            "noise": {"base": _noise_json(d.base_noise), "head": _noise_json(d.head_noise)}}
+
+
 def _entry_json(entry: Entry) -> dict:
     return {
         "scenario": entry.scenario, "variant": entry.variant, "state": entry.state,
         "verdict": entry.verdict, "note": entry.note,
         "base": str(entry.base.path) if entry.base else None,
         "head": str(entry.head.path) if entry.head else None,
-        "metrics": {d.metric: {"base": d.base, "head": d.head, "delta": d.delta,
-                               "relative": d.relative, "verdict": d.verdict,
-                               "tolerance": {"rel": d.tolerance.rel, "abs": d.tolerance.abs}}
-                    for d in entry.deltas},
+        "metrics": {d.metric: _metric_json(d) for d in entry.deltas},
     }
 
 

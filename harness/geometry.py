@@ -7,6 +7,7 @@ synthetic K/V shapes and the analytic minimum every measurement is compared agai
 
 from __future__ import annotations
 
+import copyreg
 from dataclasses import dataclass, replace
 
 import mlx.core as mx
@@ -21,6 +22,15 @@ DTYPES = {
     "bfloat16": mx.bfloat16,
     "float32": mx.float32,
 }
+
+
+def _dtype(name: str) -> mx.Dtype:
+    return DTYPES[name]
+
+
+# MLX dtypes do not pickle; geometries cross into spawned children (a variant's run, the check
+# of a user's component), so they travel by name.
+copyreg.pickle(mx.Dtype, lambda d: (_dtype, (next(n for n, t in DTYPES.items() if t == d),)))
 
 
 @dataclass(frozen=True)

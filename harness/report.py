@@ -6,11 +6,15 @@ crash or a bad later input never leaves half a report, nor destroys one already 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import platform
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -26,6 +30,7 @@ import pandas as pd  # noqa: E402
 from .detect import Finding  # noqa: E402
 
 SCHEMA = 1
+LOCK_NAME = ".kvmem.lock"
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 SERIES_POINTS = 64
@@ -151,19 +156,74 @@ def _save(fig: Figure, ax: Axes, xlabel: str, ylabel: str, title: str, path: Pat
     plt.close(fig)
 
 
+class ReportError(OSError):
+    """The report folder cannot be used: not a folder, not writable, or another run holds it."""
+
+
+@contextmanager
+def reserve(out: Path) -> Iterator[None]:
+    """Hold `out` for one run: it must be (or become) a writable folder that no other run holds.
+
+    Checked before anything runs, so a bad `--out` never costs a suite's worth of work. The lock
+    is an advisory `flock` on `out/.kvmem.lock`, released when the run ends or its process dies.
+    """
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        handle = open(out / LOCK_NAME, "a+")
+    except OSError as exc:
+        raise ReportError(f"{out}: cannot write reports there: {exc.strerror or exc}") from None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise ReportError(f"{out}: another kvmem run ({holder}) is writing reports there; "
+                              "wait for it or choose another --out") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def write_variant(out: Path, frame: pd.DataFrame, summary: dict,
                   findings: list[Finding]) -> None:
-    """samples.csv, summary.json and (for a run with samples) memory.png into `out`."""
-    atomic_write(out / "samples.csv", lambda tmp: frame.to_csv(tmp, index=False))
-    if not frame.empty:
-        title = f"{summary['scenario']} / {summary['variant']} ({summary['environment']['backend']})"
-        plot_variant(frame, findings, title, out / "memory.png")
-    atomic_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    """samples.csv, summary.json and (for a run with samples) memory.png into `out`, as a unit.
+
+    The files go into a fresh folder beside `out`, which then takes the place of the old one:
+    a write that fails (full disk, a name too long) leaves the previous report whole.
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.new."))
+    try:
+        frame.to_csv(staging / "samples.csv", index=False)
+        if not frame.empty:
+            title = (f"{summary['scenario']} / {summary['variant']} "
+                     f"({summary['environment']['backend']})")
+            plot_variant(frame, findings, title, staging / "memory.png")
+        (staging / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        os.chmod(staging, 0o777 & ~_UMASK)
+        _swap_into_place(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
-def load_summary(path: Path) -> dict:
-    """A summary from a summary.json or the folder holding it."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "summary.json"
-    return json.loads(path.read_text())
+def _swap_into_place(staging: Path, out: Path) -> None:
+    """Rename `staging` to `out`; an old `out` is moved aside first and removed after."""
+    if not out.exists():
+        os.replace(staging, out)
+        return
+    old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old."))
+    os.replace(out, old / out.name)
+    try:
+        os.replace(staging, out)
+    except BaseException:
+        os.replace(old / out.name, out)
+        raise
+    finally:
+        shutil.rmtree(old, ignore_errors=True)

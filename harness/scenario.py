@@ -8,9 +8,9 @@ A scenario says what to serve (model geometry, cache components, workload) and w
 from __future__ import annotations
 
 import copy
-import inspect
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -28,11 +28,14 @@ from pydantic import (
 )
 
 from . import geometry as geo
-from .components import ComponentError, resolve
+from .components import Binding, check as check_components
+from .metrics import METRICS
 
 _UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
           "KB": 10**3, "MB": 10**6, "GB": 10**9}
-_SIZE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+_SIZE = re.compile(r"^\s*(-?[0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$", re.ASCII)
+# Sizes stay exact as floats (detectors and the gate compute with them): 2**53 B is 8 PiB.
+MAX_SIZE = 2**53
 
 
 def parse_size(value: Any) -> int:
@@ -41,15 +44,18 @@ def parse_size(value: Any) -> int:
         raise ValueError("expected a size in bytes, such as 4096 or '512 MiB'")
     if isinstance(value, int):
         number = value
-    elif isinstance(value, str) and (match := _SIZE.match(value)):
+    elif isinstance(value, str) and len(value) <= 64 and (match := _SIZE.match(value)):
         unit = match.group(2).upper()
         if unit not in _UNITS:
             raise ValueError(f"unknown unit {match.group(2)!r}: expected B, KiB, MiB, GiB or TiB")
-        number = int(float(match.group(1)) * _UNITS[unit])
+        # Exact arithmetic: a float would turn 40 digits into inf (OverflowError) or round.
+        number = int(Fraction(match.group(1)) * _UNITS[unit])
     else:
         raise ValueError("expected a size in bytes, such as 4096 or '512 MiB'")
     if number < 0:
         raise ValueError("expected a size of zero or more bytes")
+    if number > MAX_SIZE:
+        raise ValueError("expected a size of at most 8 PiB (2**53 bytes)")
     return number
 
 
@@ -67,8 +73,46 @@ def _tagged(**members: Any) -> Any:
 
     choices = [Annotated[t, Tag(tag)] for tag, t in members.items()]
     return Annotated[Union[tuple(choices)], Discriminator(choose)]
-Count = Annotated[int, Field(ge=0)]
-Positive = Annotated[int, Field(ge=1)]
+
+
+# Counts are strict integers (a bool or 1.5 is a mistake, not 1) with a sane upper bound, so a
+# typo such as 10**30 fails here, naming its field, rather than deep inside a run.
+MAX_TOKENS = 2**31 - 1      # tokens, steps, repeats: an int32
+MAX_LAYERS = 4096           # layers of one model, in all
+MAX_DIM = 2**16             # KV heads, head dim
+MAX_BATCH = 2**16
+MAX_VOCAB = 2**24
+MAX_SEED = 2**32 - 1        # numpy's seeding takes uint32 words
+Count = Annotated[int, Field(strict=True, ge=0, le=MAX_TOKENS)]
+Positive = Annotated[int, Field(strict=True, ge=1, le=MAX_TOKENS)]
+Dim = Annotated[int, Field(strict=True, ge=0, le=MAX_DIM)]
+Layers = Annotated[int, Field(strict=True, ge=1, le=MAX_LAYERS)]
+# Finite numbers; an int is a number, a bool or a string is not.
+Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+Dtype = Literal["float16", "bfloat16", "float32"]
+MAX_NAME = 100
+
+
+def check_name(name: Any) -> str:
+    """A scenario or variant name, safe as one path component (reports/<scenario>/<variant>/)."""
+    if not isinstance(name, str):
+        raise ValueError("expected a name (text)")
+    if not name:
+        raise ValueError("expected a non-empty name")
+    if len(name) > MAX_NAME:
+        raise ValueError(f"expected a name of at most {MAX_NAME} characters, got {len(name)}")
+    if not name.isprintable():
+        raise ValueError("expected a name without control characters")
+    if "/" in name or "\\" in name:
+        raise ValueError("expected a name without '/' or '\\' (it becomes a folder name)")
+    if name.startswith("."):
+        raise ValueError("expected a name that does not start with '.' (it becomes a folder name)")
+    if name != name.strip():
+        raise ValueError("expected a name without leading or trailing spaces")
+    return name
+
+
+Name = Annotated[str, Field(strict=True), AfterValidator(check_name)]
 
 
 class _Strict(BaseModel):
@@ -76,13 +120,13 @@ class _Strict(BaseModel):
 
 
 class LayerGroup(_Strict):
-    count: Positive = 1
+    count: Layers = 1
     kind: Literal["full", "sliding", "recurrent"]
-    kv_heads: Count = 0
-    head_dim: Count = 0
+    kv_heads: Dim = 0
+    head_dim: Dim = 0
     window: Positive | None = None
     state_bytes: Size = 0
-    dtype: Literal["float16", "bfloat16", "float32"] | None = None
+    dtype: Dtype | None = None
 
     @model_validator(mode="after")
     def _check_kind(self) -> LayerGroup:
@@ -104,10 +148,10 @@ def _known_preset(name: str | None) -> str | None:
 class ModelSpec(_Strict):
     """A preset (optionally cut to its first `layers` layers) or inline layer groups."""
 
-    preset: Annotated[str | None, AfterValidator(_known_preset)] = None
-    layers: _tagged(scalar=Positive, list=list[LayerGroup]) | None = None
-    dtype: Literal["float16", "bfloat16", "float32"] = "bfloat16"
-    vocab: Positive | None = None
+    preset: Annotated[str | None, Field(strict=True), AfterValidator(_known_preset)] = None
+    layers: _tagged(scalar=Layers, list=list[LayerGroup]) | None = None
+    dtype: Dtype = "bfloat16"
+    vocab: Annotated[int, Field(strict=True, ge=1, le=MAX_VOCAB)] | None = None
     window: Positive | None = None
 
     @model_validator(mode="after")
@@ -115,8 +159,16 @@ class ModelSpec(_Strict):
         if self.preset is None:
             if not isinstance(self.layers, list) or not self.layers:
                 raise ValueError("expected a preset name or a list of layer groups under layers")
+            total = sum(group.count for group in self.layers)
+            if total > MAX_LAYERS:
+                raise ValueError(f"layers: expected at most {MAX_LAYERS} layers in all, got {total}")
         elif isinstance(self.layers, list):
             raise ValueError("with a preset, layers is a count (keep the first N layers)")
+        elif self.layers is not None:
+            available = sum(g.get("count", 1) for g in geo.PRESETS[self.preset]["layers"])
+            if self.layers > available:
+                raise ValueError(f"layers: expected at most {available}, the layers of "
+                                 f"{self.preset}; got {self.layers}")
         return self
 
     def geometry(self) -> geo.Geometry:
@@ -128,7 +180,7 @@ class ModelSpec(_Strict):
 
 
 class ComponentSpec(_Strict):
-    component: str
+    component: Annotated[str, Field(strict=True, min_length=1)]
     options: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -159,8 +211,8 @@ class ChatSpec(_Strict):
 
 class WorkloadSpec(_Strict):
     prefill_chunk: Positive = 512
-    batch: Positive = 1
-    requests: list[RequestSpec] | None = None
+    batch: Annotated[int, Field(strict=True, ge=1, le=MAX_BATCH)] = 1
+    requests: Annotated[list[RequestSpec], Field(min_length=1)] | None = None
     chat: ChatSpec | None = None
 
     @model_validator(mode="after")
@@ -179,12 +231,12 @@ class WorkloadSpec(_Strict):
 
 
 class SamplingSpec(_Strict):
-    seed: Count = 0
+    seed: Annotated[int, Field(strict=True, ge=0, le=MAX_SEED)] = 0
 
 
 class SpikeThresholds(_Strict):
     min_bytes: Size = 4 * 2**20
-    min_ratio: Annotated[float, Field(ge=1.0)] = 1.05
+    min_ratio: Annotated[Number, Field(ge=1.0)] = 1.05
 
 
 class GrowthThresholds(_Strict):
@@ -194,12 +246,12 @@ class GrowthThresholds(_Strict):
 class LeakThresholds(_Strict):
     warmup: Count = 1
     min_bytes: Size = 64 * 2**10
-    r2: Annotated[float, Field(ge=0.0, le=1.0)] = 0.9
+    r2: Annotated[Number, Field(ge=0.0, le=1.0)] = 0.9
 
 
 class RetainedThresholds(_Strict):
     min_bytes: Size = 2**20
-    ratio: Annotated[float, Field(ge=0.0)] = 0.25
+    ratio: Annotated[Number, Field(ge=0.0)] = 0.25
 
 
 class HostThresholds(_Strict):
@@ -218,11 +270,11 @@ Presence = Literal["none", "detected"]
 
 
 class SpikeBound(_Strict):
-    max_ratio: Annotated[float, Field(ge=1.0)]
+    max_ratio: Annotated[Number, Field(ge=1.0)]
 
 
 class Tolerance(_Strict):
-    rel: Annotated[float, Field(ge=0.0)] | None = None
+    rel: Annotated[Number, Field(ge=0.0)] | None = None
     abs: Size | None = None
 
 
@@ -236,13 +288,14 @@ class ExpectSpec(_Strict):
     steady: Size | None = None
     final: Size | None = None
     per_token: Size | None = None
-    overhead: Annotated[float, Field(gt=0.0)] | None = None
-    compare: dict[str, Tolerance] = Field(default_factory=dict)
+    overhead: Annotated[Number, Field(gt=0.0)] | None = None
+    # Keyed by the metrics `kvmem compare` knows: a typo would silently tolerate nothing.
+    compare: dict[Literal[METRICS], Tolerance] = Field(default_factory=dict)
 
 
 class ScenarioSpec(_Strict):
-    name: str
-    description: str = ""
+    name: Name
+    description: Annotated[str, Field(strict=True)] = ""
     model: Annotated[ModelSpec, BeforeValidator(
         lambda v: {"preset": v} if isinstance(v, str) else v)]
     cache: CacheSpec = CacheSpec()
@@ -250,6 +303,8 @@ class ScenarioSpec(_Strict):
     sampling: SamplingSpec = SamplingSpec()
     detect: DetectSpec = DetectSpec()
     expect: ExpectSpec = ExpectSpec()
+    # Seconds a variant may run before its process is killed; `--timeout` overrides it.
+    timeout: Annotated[Number, Field(gt=0)] | None = None
 
     @model_validator(mode="after")
     def _check_workload(self) -> ScenarioSpec:
@@ -296,8 +351,9 @@ _UNION_TAGS = ("scalar", "mapping", "list")
 
 
 def _field_path(loc: tuple) -> str:
-    # pydantic adds the union member's tag to the location; the user never wrote it.
-    parts = [str(p) for p in loc if p not in _UNION_TAGS]
+    # pydantic adds the union member's tag to the location, and `[key]` when a mapping's key
+    # (not its value) is wrong; the user never wrote either.
+    parts = [str(p) for p in loc if p not in _UNION_TAGS and p != "[key]"]
     return ".".join(parts) or "(top level)"
 
 
@@ -311,71 +367,188 @@ def _describe(error: ValidationError) -> str:
     return "; ".join(dict.fromkeys(lines))
 
 
-def _check_components(spec: ScenarioSpec) -> None:
-    """Resolve every component and bind its options, so a typo fails before any run."""
+def _bindings(spec: ScenarioSpec, where: str) -> list[Binding]:
+    """The components a variant names, each with the argument its factory is called with."""
     geometry = spec.geometry()
     roles = {"layer": geometry.layers[0], "sliding": geometry.layers[0],
              "store": geometry, "session": geometry}
-    for role, first_arg in roles.items():
-        component: ComponentSpec | None = getattr(spec.cache, role)
-        if component is None:
-            continue
-        field = f"cache.{role}"
-        try:
-            factory = resolve(component.component)
-        except ComponentError as exc:
-            raise ScenarioError(f"{field}.component: {exc}") from None
-        try:
-            inspect.signature(factory).bind(first_arg, **component.options)
-        except TypeError as exc:
-            raise ScenarioError(f"{field}.options: {exc} (for {component.component})") from None
-        except ValueError:
-            pass  # builtins without a signature: the run will tell
+    return [Binding(f"{where}cache.{role}", component.component, component.options, first_arg)
+            for role, first_arg in roles.items()
+            if (component := getattr(spec.cache, role)) is not None]
 
 
-def _validate(raw: dict, variant: str) -> ScenarioSpec:
+def _validate(raw: dict) -> ScenarioSpec:
     try:
-        spec = ScenarioSpec.model_validate(raw)
+        return ScenarioSpec.model_validate(raw)
     except ValidationError as exc:
         raise ScenarioError(_describe(exc)) from None
-    _check_components(spec)
-    return spec
+
+
+MAX_FILE_BYTES = 8 * 2**20
+MAX_DEPTH = 64  # mappings and lists within one another; a scenario needs about 6
+
+
+class _Loader(yaml.SafeLoader):
+    """`yaml.safe_load`'s loader, made strict where it is silent or crashes.
+
+    A key given twice in one mapping is an error (safe_load keeps the last); nesting deeper
+    than MAX_DEPTH is an error (not a RecursionError); a value its explicit tag cannot
+    construct (`!!int abc`, `!!bool maybe`, `!!timestamp x`) is a YAML error with its line
+    (not a ValueError, KeyError or TypeError from inside PyYAML).
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested deeper than {MAX_DEPTH} levels",
+                    self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_object(self, node: Any, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (yaml.YAMLError, RecursionError):
+            raise
+        except Exception:  # noqa: BLE001 - PyYAML raises ValueError, KeyError, TypeError...
+            tag = str(node.tag).replace("tag:yaml.org,2002:", "!!")
+            value = node.value if isinstance(node, yaml.ScalarNode) else node.id
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{_clip(value)!r} is not a valid {tag} value",
+                node.start_mark) from None
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: set = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *base` keys may be overridden: that is what merging is
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                except TypeError:
+                    continue  # an unhashable key: the base class says so
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {_clip(key)!r} (given twice in one mapping)",
+                        key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _clip(value: Any, limit: int = 40) -> Any:
+    if isinstance(value, str) and len(value) > limit:
+        return value[:limit] + "..."
+    return value
+
+
+def _printable(text: str) -> str:
+    """One line: control characters (a newline in a key, a NUL) shown escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _read_yaml(path: Path) -> Any:
+    """The file's YAML, or a ScenarioError naming the file and what is wrong with it."""
+    try:
+        with open(path, "rb") as stream:
+            data = stream.read(MAX_FILE_BYTES + 1)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise ScenarioError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ScenarioError(f"{path}: expected a scenario file of at most "
+                            f"{MAX_FILE_BYTES // 2**20} MiB")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        hint = " (it looks like UTF-16)" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+        line = data[:exc.start].count(b"\n") + 1
+        raise ScenarioError(f"{path}: not UTF-8 text{hint}: invalid byte "
+                            f"0x{data[exc.start]:02x} at line {line}; save it as UTF-8") from None
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem, context = exc.problem or "", exc.context or ""
+        if problem.startswith("but ") and context:
+            problem = f"{context}, {problem}"  # "expected a single document ..., but found ..."
+        elif context:
+            problem = f"{problem} ({context})" if problem else context
+        problem = problem or str(exc)
+        raise ScenarioError(f"{path}: invalid YAML{where}: {problem}") from None
+    except yaml.YAMLError as exc:  # a reader error: a character YAML does not allow
+        problem = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ScenarioError(f"{path}: invalid YAML: {problem}") from None
+    except RecursionError:
+        raise ScenarioError(f"{path}: invalid YAML: nested too deeply") from None
 
 
 def load(path: str | Path, variants: list[str] | None = None) -> list[Scenario]:
-    """Every variant of a scenario file (or those named), validated."""
+    """Every variant of a scenario file (or those named), validated.
+
+    Any bad input, from bytes that are not UTF-8 to a field out of range, raises ScenarioError
+    naming the file and the field, on one line.
+    """
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ScenarioError(f"{path}: invalid YAML{where}: {problem}") from None
+        return _load(path, variants)
+    except ScenarioError as exc:
+        raise ScenarioError(_printable(str(exc))) from None
+    except RecursionError:  # aliases can nest deeper than the text does
+        raise ScenarioError(_printable(f"{path}: nested too deeply")) from None
+
+
+def _load(path: Path, variants: list[str] | None) -> list[Scenario]:
+    raw = _read_yaml(path)
     if not isinstance(raw, dict):
         raise ScenarioError(f"{path}: (top level): expected a mapping of scenario fields")
-    raw.setdefault("name", path.stem)
-    overrides = raw.pop("variants", None) or {"default": {}}
-    if not isinstance(overrides, dict) or not all(
-        isinstance(k, str) and isinstance(v, (dict, type(None))) for k, v in overrides.items()
-    ):
-        raise ScenarioError(f"{path}: variants: expected a mapping of name to overrides")
+    if "name" not in raw:
+        try:
+            raw["name"] = check_name(path.stem)
+        except ValueError as exc:
+            raise ScenarioError(f"{path}: name: {exc} (the name defaults to the file's; "
+                                "give one with name:)") from None
+    overrides = raw.pop("variants", None)
+    if overrides is None or overrides == {}:
+        overrides = {"default": {}}
+    if not isinstance(overrides, dict):
+        raise ScenarioError(f"{path}: variants: expected a mapping of variant name to overrides, "
+                            f"got {type(overrides).__name__}")
+    for name, override in overrides.items():
+        try:
+            check_name(name)
+        except ValueError as exc:
+            raise ScenarioError(f"{path}: variants.{name!r}: {exc}") from None
+        if not isinstance(override, (dict, type(None))):
+            raise ScenarioError(f"{path}: variants.{name}: expected a mapping of overrides, "
+                                f"got {type(override).__name__}")
     unknown = sorted(set(variants or []) - set(overrides))
     if unknown:
         raise ScenarioError(f"{path}: variants: no variant {', '.join(unknown)} "
                             f"(expected one of {', '.join(overrides)})")
-    scenarios = []
+    scenarios, bindings = [], []
     for name, override in overrides.items():
         if variants and name not in variants:
             continue
+        where = f"variant {name!r}: " if override else ""
         try:
-            spec = _validate(_merge(raw, override or {}), name)
+            spec = _validate(_merge(raw, override or {}))
         except ScenarioError as exc:
-            where = f"variant {name!r}: " if override else ""
             raise ScenarioError(f"{path}: {where}{exc}") from None
         scenarios.append(Scenario(path=path, variant=name, spec=spec))
+        bindings += _bindings(spec, where)
+    # Every component of every variant resolved and its options bound, so a typo fails before
+    # any run; user code is imported once per file, in a child (see components.check).
+    problems = check_components(bindings)
+    if problems:
+        raise ScenarioError(f"{path}: {problems[0]}")
     return scenarios
 
 
@@ -384,7 +557,10 @@ def discover(paths: list[str | Path]) -> list[Path]:
     found: list[Path] = []
     for entry in map(Path, paths):
         if entry.is_dir():
-            found.extend(sorted(p for p in entry.iterdir() if p.suffix in (".yaml", ".yml")))
+            try:
+                found.extend(sorted(p for p in entry.iterdir() if p.suffix in (".yaml", ".yml")))
+            except OSError as exc:
+                raise ScenarioError(f"{entry}: cannot read: {exc.strerror or exc}") from None
         elif entry.exists():
             found.append(entry)
         else:

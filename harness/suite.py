@@ -6,6 +6,7 @@ the tests all go through `run_variants`.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -15,6 +16,7 @@ from rich.table import Table
 
 from . import detect, report
 from .isolation import RunOutcome, execute
+from .noise import combine
 from .probe import to_frame
 from .runner import planned_steps
 from .scenario import Scenario
@@ -53,20 +55,26 @@ def summarize(outcome: RunOutcome, environment: dict) -> tuple[pd.DataFrame, lis
     return frame, findings, summary
 
 
-def run_variants(scenarios: list[Scenario], out: Path,
-                 console: Console | None = None) -> list[dict]:
-    """Execute each variant in its own process and write its report under out/scenario/variant."""
+def run_variants(scenarios: list[Scenario], out: Path, console: Console | None = None,
+                 timeout: float | None = None) -> list[dict]:
+    """Execute each variant in its own process and write its report under out/scenario/variant.
+
+    `out` is reserved first (a writable folder no other run holds). A report that cannot be
+    written fails its variant, with the reason, and the others still run. `timeout` (seconds)
+    overrides each scenario's own.
+    """
     console = console or Console(stderr=True)
     environment = report.environment()
     summaries: list[dict] = []
     frames: dict[str, dict[str, pd.DataFrame]] = {}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("steps"), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=False) as progress:
+    with report.reserve(out), Progress(*columns, console=console, transient=False) as progress:
         for scenario in scenarios:
             label = f"{scenario.name}/{scenario.variant}"
             task = progress.add_task(label, total=planned_steps(scenario.spec))
-            outcome = execute(scenario, lambda n: progress.update(task, completed=n))
+            outcome = execute(scenario, lambda n: progress.update(task, completed=n),
+                              timeout or scenario.spec.timeout)
             progress.update(task, completed=outcome.last_step,
                             description=f"{label} [{outcome.status}]")
             if outcome.status == "ok":
@@ -74,13 +82,23 @@ def run_variants(scenarios: list[Scenario], out: Path,
                 # finished run's bar ends full at the steps it took.
                 progress.update(task, total=outcome.last_step)
             frame, findings, summary = summarize(outcome, environment)
-            report.write_variant(out / scenario.name / scenario.variant, frame, summary, findings)
-            if not frame.empty:  # a refused variant has no samples to draw
-                frames.setdefault(scenario.name, {})[scenario.variant] = frame
+            try:
+                report.write_variant(out / scenario.name / scenario.variant, frame, summary,
+                                     findings)
+            except OSError as exc:
+                summary.update(status="failed", passed=False,
+                               error=f"cannot write the report: {exc}")
+                progress.update(task, description=f"{label} [failed: report not written]")
+            else:
+                if not frame.empty:  # a refused variant has no samples to draw
+                    frames.setdefault(scenario.name, {})[scenario.variant] = frame
             summaries.append(summary)
-    for name, by_variant in frames.items():
-        if len(by_variant) > 1:
-            report.plot_overlay(by_variant, f"{name}: variants", out / name / "memory.png")
+        for name, by_variant in frames.items():
+            if len(by_variant) > 1:
+                try:
+                    report.plot_overlay(by_variant, f"{name}: variants", out / name / "memory.png")
+                except OSError as exc:
+                    console.print(f"[red]warning:[/red] {name}: overlay plot not written: {exc}")
     return summaries
 
 
@@ -116,3 +134,41 @@ def exit_status(summaries: list[dict]) -> int:
     if any(s["status"] != "ok" for s in summaries):
         return 2
     return 0 if all(s["passed"] for s in summaries) else 1
+
+
+def run_repeated(scenarios: list[Scenario], runs: int, out: Path,
+                 console: Console | None = None) -> list[dict]:
+    """Run every variant `runs` times; write each variant's median run under out/scenario/variant
+    with the spread measured over all its runs (harness.noise.combine).
+
+    Each round goes through run_variants (one process per variant) and runs every variant once,
+    so a change in the machine's load reaches all variants alike. Rounds are written to a
+    temporary folder; only the chosen runs' reports land in `out`, reserved for the whole time.
+    """
+    console = console or Console(stderr=True)
+    with report.reserve(out), tempfile.TemporaryDirectory(prefix="kvmem-noise-") as tmp:
+        rounds = []
+        for index in range(runs):
+            console.print(f"run {index + 1} of {runs}")
+            rounds.append(run_variants(scenarios, Path(tmp) / f"run{index}", console))
+        summaries = []
+        for variant_runs in zip(*rounds):
+            chosen, summary = combine(list(variant_runs))
+            where = Path(summary["scenario"]) / summary["variant"]
+            frame = _samples(Path(tmp) / f"run{chosen}" / where)
+            findings = [detect.Finding(**f) for f in summary["findings"]]
+            try:
+                report.write_variant(out / where, frame, summary, findings)
+            except OSError as exc:
+                summary.update(status="failed", passed=False,
+                               error=f"cannot write the report: {exc}")
+            summaries.append(summary)
+    return summaries
+
+
+def _samples(folder: Path) -> pd.DataFrame:
+    """A run's samples.csv as written by run_variants; empty where the run left none."""
+    try:
+        return pd.read_csv(folder / "samples.csv")
+    except (OSError, pd.errors.EmptyDataError):
+        return pd.DataFrame()

@@ -142,3 +142,12 @@ def batch_rotating(
 ) -> PreallocatedBatchRotatingKVCache:
     """Factory for `reference.batch_rotating`: rows unpadded unless `left_padding` says."""
     return PreallocatedBatchRotatingKVCache(_window(spec, max_size), left_padding or [0] * spec.batch)
+
+
+def _estimate_bytes(spec: LayerSpec, tokens: int, max_size: int | None = None, **options) -> int:
+    """For the size check: the whole window is allocated on the first update, whatever `tokens`."""
+    return _window(spec, max_size) * spec.token_bytes() * spec.batch
+
+
+rotating.estimate_bytes = _estimate_bytes
+batch_rotating.estimate_bytes = _estimate_bytes

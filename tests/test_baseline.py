@@ -82,7 +82,7 @@ def test_check_against_stored_baselines(reports, tmp_path, capsys):
     assert out.splitlines() == [
         "🔴 kvmem: memory regression in 1 of 2 variants",
         "  regression  trim/after                               steady          8,388,608 B -> "
-        " 8,392,704 B  +4 KiB (+0.049%)"]
+        " 8,392,704 B  +4 KiB (+0.049%)  tolerance 256 B"]
 
 
 def test_check_without_baselines_for_the_backend(reports, tmp_path, capsys):
@@ -127,3 +127,71 @@ def test_committed_baselines_are_valid_and_where_update_puts_them():
     summaries = load(root)
     assert summaries and all(s.ok for s in summaries)
     assert all(baseline_path(root, s) == s.path for s in summaries)
+
+
+@pytest.mark.parametrize("field, value, reason", [
+    ("variant", "../../evil", "contains a path separator"),
+    ("variant", "..", "is a relative folder"),
+    ("scenario", ".", "is a relative folder"),
+    ("scenario", "", "is empty"),
+    ("scenario", "a\\b", "contains a path separator"),
+    ("variant", "/tmp/evil", "contains a path separator"),
+    ("variant", "C:evil", "is an absolute path"),
+    ("variant", "ev\nil", "contains a control character"),
+    ("environment.backend", "../cpu", "contains a path separator"),
+])
+def test_update_never_writes_outside_its_folder(tmp_path, capsys, field, value, reason):
+    data = summary("s", "v")
+    if field == "environment.backend":
+        data["environment"]["backend"] = value
+    else:
+        data[field] = value
+    reports = tmp_path / "deep" / "reports"
+    write(reports, summary("good", "v"))
+    bad = reports / "hand" / "written" / "summary.json"      # placed by hand, not by its names
+    bad.parent.mkdir(parents=True)
+    bad.write_text(json.dumps(data))
+    code, out, err = cli(["baseline", "update", "--from", str(reports),
+                          "--dir", str(tmp_path / "deep" / "baselines")], capsys)
+    assert (code, out) == (2, "")
+    assert err == (f"error: {bad}: {field} {value!r} {reason}: it must be one plain name to "
+                   "place a baseline\n")
+    # Checked before anything is written: not even the good summary's baseline.
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")
+                  if p.is_file()) == ["deep/reports/good/v/summary.json",
+                                      "deep/reports/hand/written/summary.json"]
+
+
+def test_update_refuses_an_ok_run_without_metrics(reports, tmp_path, capsys):
+    empty = {**summary("trim", "after"), "metrics": {}}     # a child that stopped early
+    (reports / "trim" / "after" / "summary.json").write_text(json.dumps(empty))
+    code, out, err = cli(["baseline", "update", "--from", str(reports / "trim"),
+                          "--dir", str(tmp_path / "baselines")], capsys)
+    assert (code, out) == (2, "")
+    assert err.startswith(f"error: {reports / 'trim' / 'after' / 'summary.json'}: not a valid "
+                          "summary (status ok but metrics lack peak, ")
+    assert not (tmp_path / "baselines").exists()
+
+
+def test_check_never_reads_interrupted_writes(reports, tmp_path, capsys):
+    baselines = tmp_path / "baselines"
+    cli(["baseline", "update", "--from", str(reports / "trim"), "--dir", str(baselines)], capsys)
+    folder = baselines / "cpu" / "trim"
+    (folder / ".after.json.x7c2b1.json").write_text('{"schema": 1, "scenario": "tr')
+    (folder / ".before.json.9f8e7d.json").write_text(json.dumps(summary("trim", "before",
+                                                                      retained=64 * MiB)))
+    code, out, err = cli(["baseline", "check", "--from", str(reports / "trim"),
+                          "--dir", str(baselines)], capsys)
+    assert (code, out, err) == (0, "✅ kvmem: no change (2 variants compared)\n", "")
+
+
+def test_update_runs_option(reports, tmp_path, capsys):
+    code, out, err = cli(["baseline", "update", "--runs", "3", "--from", str(reports),
+                          "--dir", str(tmp_path / "baselines")], capsys)
+    assert (code, out) == (2, "")
+    assert err == ("error: --runs 3 measures by running the suite; it cannot be combined with "
+                   "--from (record `kvmem noise` reports instead)\n")
+    with pytest.raises(SystemExit) as exit_info:
+        cli(["baseline", "update", "--runs", "0"], capsys)
+    assert exit_info.value.code == 2
+    assert "--runs: expected a whole number of runs >= 1, got '0'" in capsys.readouterr().err

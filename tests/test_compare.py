@@ -134,6 +134,8 @@ def test_mlx_version_mismatch_is_said():
     ('{"schema": 7}', "unsupported summary schema 7, expected 1"),
     ('{"schema": 1, "scenario": "s", "variant": "v", "status": "ok"}', "status ok but no 'metrics'"),
     (b"\xff\xfe\x00", "not a valid summary"),
+    ("1" * 5000, "not a valid summary (corrupt JSON: Exceeds the limit"),
+    ("[" * 100_000 + "]" * 100_000, "not a valid summary (corrupt JSON: maximum recursion depth"),
 ])
 def test_corrupt_summary_is_a_clear_error(tmp_path, capsys, content, message):
     base, head = suites(tmp_path, [summary("s", "v")], [summary("s", "v")])
@@ -180,9 +182,10 @@ def test_markdown_shows_changed_rows_with_bytes_percent_and_sparklines(tmp_path,
     assert code == 1
     lines = out.splitlines()
     assert lines[:2] == [MARKER, "### 🔴 kvmem: memory regression in 1 of 2 variants"]
-    assert ("| 🔴 | `trim/after` | steady | 8 MiB | 16 MiB | **+8 MiB** (+8,388,608 B) | +100.0% |"
-            in lines)
-    assert "| 🔴 | `trim/after` | retained | 0 B | 8 MiB | **+8 MiB** (+8,388,608 B) | from 0 |" in lines
+    assert ("| 🔴 | `trim/after` | steady | 8 MiB | 16 MiB | **+8 MiB** (+8,388,608 B) | +100.0% "
+            "| 256 B |" in lines)
+    assert ("| 🔴 | `trim/after` | retained | 0 B | 8 MiB | **+8 MiB** (+8,388,608 B) | from 0 "
+            "| 256 B |" in lines)
     assert not any(line.startswith("| ⚪") for line in lines)
     spark = [line.split() for line in lines if line.startswith(("trim/after base", "  "))]
     assert [(row[-5], row[-2]) for row in spark] == [("base", "8"), ("head", "16")]
@@ -298,7 +301,7 @@ def test_buggy_option_is_a_regression_naming_variant_and_bytes(trim_runs):
     # Slicing keeps each stored request's whole KVCache buffer: (256-108) + (356-148) +
     # (512-308) = 560 unused slots of 2 layers x 512 B.
     assert ("| 🔴 | `gate_trim/after` | retained | 0 B | 560 KiB | **+560 KiB** (+573,440 B) "
-            "| from 0 |") in lines
+            "| from 0 | 256 B |") in lines
     assert any(line.startswith("| 🔴 | `gate_trim/after` | final |") and "+573,440 B" in line
                for line in lines)
     assert not any("| peak |" in line for line in lines)        # +356 KiB: within the floor
@@ -353,3 +356,206 @@ def test_real_reports_removed_new_backend_and_corrupt(trim_runs, tmp_path, capsy
     assert (code, out) == (2, "")
     assert err.startswith(f"error: {bad}: not a valid summary (corrupt JSON: ")
     assert "Traceback" not in err
+
+
+# Measured run-to-run noise (`kvmem noise`, `baseline update --runs N`) and hardening.
+
+def noisy(data: dict, runs: int = 5, **spreads: int) -> dict:
+    """`data` with a noise block recording the given spreads (peak=..., largest_spike=...)."""
+    block = {"runs": runs, "nondeterministic": {}, "passed": runs}
+    for name, spread in spreads.items():
+        value = data["metrics"][name]
+        block[name] = {"min": value - spread, "max": value, "spread": spread,
+                       "values": [value] * (runs - 1) + [value - spread]}
+    return {**data, "noise": block}
+
+
+def test_measured_spread_widens_the_peak_floor_by_half_again():
+    # mlx-lm's rotating `before`: 312 MiB in most runs, 304 MiB once: 8 MiB apart.
+    base = noisy(summary("s", "v", peak=312 * MiB), peak=8 * MiB)
+    peak = lambda head: next(d for d in pair(base, head).entries[0].deltas if d.metric == "peak")
+    low = peak(summary("s", "v", peak=304 * MiB))
+    assert (low.verdict, low.tolerance.abs) == ("unchanged", 12 * MiB)
+    assert low.tolerance.noise == cmp.Noise(8 * MiB, 5)
+    assert (low.base_noise, low.head_noise) == (cmp.Noise(8 * MiB, 5), None)
+    assert peak(summary("s", "v", peak=324 * MiB)).verdict == "unchanged"
+    assert peak(summary("s", "v", peak=324 * MiB + 1)).verdict == "regression"
+    assert peak(summary("s", "v", peak=300 * MiB - 1)).verdict == "improvement"
+    # Without the recorded spread the same low run is outside the 4 MiB floor.
+    assert verdicts(pair(summary("s", "v", peak=312 * MiB),
+                         summary("s", "v", peak=304 * MiB)))["peak"] == "improvement"
+
+
+def test_the_wider_side_and_the_configured_floor_win():
+    base = noisy(summary("s", "v", peak=100 * MiB, largest_spike=20 * MiB), peak=2 * MiB,
+                 largest_spike=6 * MiB)
+    head = noisy(summary("s", "v", peak=100 * MiB, largest_spike=20 * MiB, compare={
+        "largest_spike": {"abs": "16 MiB"}}), runs=3, peak=4 * MiB)
+    deltas = {d.metric: d for d in pair(base, head).entries[0].deltas}
+    assert deltas["peak"].tolerance == cmp.Tolerance(0.0, 6 * MiB, cmp.Noise(4 * MiB, 3))
+    assert deltas["largest_spike"].tolerance == cmp.Tolerance(0.0, 16 * MiB)   # 9 < 16 MiB
+    assert deltas["steady"].tolerance == cmp.Tolerance(0.0, 256)                # exact: never
+
+
+def test_where_a_tolerance_came_from_is_shown(tmp_path, capsys):
+    base, head = suites(
+        tmp_path,
+        [noisy(summary("rot", "before", peak=312 * MiB), peak=8 * MiB),
+         noisy(summary("rot", "after", peak=432 * MiB), peak=8 * MiB)],
+        [summary("rot", "before", peak=304 * MiB), summary("rot", "after", peak=445 * MiB)])
+    code, out, _ = run([base, head], capsys)
+    assert code == 1
+    assert out.splitlines() == [
+        "🔴 kvmem: memory regression in 1 of 2 variants",
+        ("  regression  rot/after                                peak                432 MiB -> "
+         "     445 MiB  +13 MiB (+3.0%)  tolerance 12 MiB (measured spread 8 MiB over 5 runs)"),
+        ("  📏 Tolerance from measured noise (2): rot/after peak 12 MiB (measured spread 8 MiB "
+         "over 5 runs), rot/before peak 12 MiB (measured spread 8 MiB over 5 runs)")]
+
+    code, out, _ = run([base, head, "--format", "markdown"], capsys)
+    assert ("| 🔴 | `rot/after` | peak | 432 MiB | 445 MiB | **+13 MiB** (+13,631,488 B) | +3.0% "
+            "| 12 MiB (measured spread 8 MiB over 5 runs) |") in out.splitlines()
+    assert ("- 📏 Tolerance from measured noise (2): `rot/after` peak 12 MiB (measured spread "
+            "8 MiB over 5 runs), `rot/before` peak 12 MiB (measured spread 8 MiB over 5 runs)"
+            in out.splitlines())
+
+    code, out, _ = run([base, head, "--format", "json"], capsys)
+    before = json.loads(out)["entries"][1]
+    assert before["variant"] == "before" and before["verdict"] == "unchanged"
+    assert before["metrics"]["peak"]["tolerance"] == {
+        "rel": 0.0, "abs": 12 * MiB, "source": "measured noise",
+        "noise": {"spread": 8 * MiB, "runs": 5},
+        "text": "12 MiB (measured spread 8 MiB over 5 runs)"}
+    assert before["metrics"]["peak"]["noise"] == {"base": {"spread": 8 * MiB, "runs": 5},
+                                                  "head": None}
+    assert before["metrics"]["steady"]["tolerance"] == {
+        "rel": 0.0, "abs": 256, "source": "configured", "noise": None, "text": "256 B"}
+
+
+def test_configured_tolerances_are_shown_as_configured(tmp_path, capsys):
+    base, head = suites(tmp_path, [summary("s", "v", rss_peak=400 * MiB)],
+                        [summary("s", "v", rss_peak=500 * MiB)])
+    code, out, _ = run([base, head], capsys)
+    assert code == 1 and out.splitlines()[1].endswith("tolerance 64 MiB and 10%")
+    assert "📏" not in out
+
+
+def _with_metric(name: str, value) -> dict:
+    data = summary("s", "v")
+    data["metrics"][name] = value
+    return data
+
+
+def _bad_input(tmp_path, capsys, data: dict) -> tuple[str, str]:
+    """Compare a sound base with a head holding `data`: exit 2, nothing on stdout."""
+    base, head = suites(tmp_path, [summary("s", "v")], [summary("s", "v")])
+    bad = tmp_path / "head" / "s" / "v" / "summary.json"
+    bad.write_text(json.dumps(data))
+    code, out, err = run([base, head], capsys)
+    assert (code, out) == (2, "") and "Traceback" not in err
+    return str(bad), err
+
+
+@pytest.mark.parametrize("data, message", [
+    ({**summary("s", "v"), "metrics": {}},
+     "status ok but metrics lack peak, steady, final, largest_spike, leak_rate, retained, "
+     "rss_peak, overhead_ratio)"),
+    ({**summary("s", "v"), "metrics": {"wall_s": 0.1, "estimate": 1}},
+     "status ok but metrics lack peak, "),
+    ({k: v for k, v in summary("s", "v").items() if k != "metrics"},
+     "status ok but no 'metrics' object)"),
+    ({**summary("s", "v"), "environment": ["cpu"]}, "'environment' is not an object)"),
+    ({**summary("s", "v"), "noise": {"runs": "5"}},
+     'noise.runs: expected a count of runs, got "5")'),
+    ({**summary("s", "v"), "noise": {"runs": 5, "peak": {"spread": -1}}},
+     "noise.peak.spread: expected a size of zero or more bytes)"),
+])
+def test_ok_summary_without_its_metrics_is_bad_input(tmp_path, capsys, data, message):
+    bad, err = _bad_input(tmp_path, capsys, data)
+    assert err.startswith(f"error: {bad}: not a valid summary ({message}")
+
+
+@pytest.mark.parametrize("metric, value, shown", [
+    ("peak", "12 MiB", '"12 MiB"'),
+    ("steady", True, "true"),
+    ("final", [1], "[1]"),
+    ("retained", None, "null"),
+    ("largest_spike", float("nan"), "NaN"),
+    ("rss_peak", float("inf"), "Infinity"),
+    ("leak_rate", 2**53 + 1, "9007199254740993"),
+    ("leak_rate", 10**400, "a huge integer"),
+    ("peak", {"MiB": 12}, '{"MiB": 12}'),
+])
+def test_non_numeric_metric_is_bad_input(tmp_path, capsys, metric, value, shown):
+    bad, err = _bad_input(tmp_path, capsys, _with_metric(metric, value))
+    assert err == (f"error: {bad}: not a valid summary (metrics.{metric}: expected a finite "
+                   f"number, got {shown})\n")
+
+
+def test_null_overhead_ratio_is_a_ratio_without_minimum(tmp_path, capsys):
+    items = [_with_metric("overhead_ratio", None)]
+    code, out, _ = run(list(suites(tmp_path, items, items)), capsys)
+    assert (code, out) == (0, "✅ kvmem: no change (1 variant compared)\n")
+
+
+def test_temporary_and_staged_files_are_never_read(tmp_path, capsys):
+    base, head = suites(tmp_path, [summary("s", "v")], [summary("s", "v")])
+    variant = tmp_path / "head" / "s" / "v"
+    (variant / ".summary.json.abc123.json").write_text('{"schema": 1, "scen')   # interrupted
+    (variant / ".samples.csv.x").write_text("step,ph")
+    staged = tmp_path / "head" / "s" / ".v.new.k2j3" / "summary.json"         # a staged report
+    staged.parent.mkdir()
+    staged.write_text(json.dumps(summary("s", "v", steady=99 * MiB)))
+    code, out, _ = run([base, head], capsys)
+    assert (code, out) == (0, "✅ kvmem: no change (1 variant compared)\n")
+
+    # A baselines folder (every *.json a summary) with an interrupted write beside a baseline.
+    baselines = tmp_path / "baselines" / "cpu" / "s"
+    baselines.mkdir(parents=True)
+    (baselines / "v.json").write_text(json.dumps(summary("s", "v")))
+    (baselines / ".v.json.q8w7e6.json").write_text("{")
+    code, out, _ = run([str(tmp_path / "baselines"), head], capsys)
+    assert (code, out) == (0, "✅ kvmem: no change (1 variant compared)\n")
+    assert [s.path.name for s in cmp.load(tmp_path / "baselines")] == ["v.json"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--abs", "peak=1e400GiB"], "'1e400GiB'"),
+    (["--abs", "peak=" + "9" * 400], "'999999"),                      # float overflow
+    (["--abs", "peak=99999999999999999999 TiB"], "'99999999999999999999 TiB'"),
+    (["--abs", f"peak={2**63}"], f"'{2**63}'"),
+    (["--rel", "peak=inf"], "not a fraction: 'inf'"),
+    (["--rel", "peak=nan"], "not a fraction: 'nan'"),
+])
+def test_overflowing_options_are_bad_input(tmp_path, capsys, argv, message):
+    base, head = suites(tmp_path, [summary("s", "v")], [summary("s", "v")])
+    code, out, err = run([base, head, *argv], capsys)
+    assert (code, out) == (2, "") and err.startswith("error: ") and message in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"peak": {"abs": 10**400}}, "compare.peak: 1000"),
+    ({"peak": {"abs": "1e400 GiB"}}, "compare.peak: '1e400 GiB'"),
+    ({"peak": {"rel": "lots"}}, "compare.peak: not a fraction: 'lots'"),
+    ({"peak": {"rel": [0.1]}}, "compare.peak: not a fraction: [0.1]"),
+    ({"peak": 4}, "compare.peak: expected a metric among"),
+    ({"peek": {"rel": 0.1}}, "compare.peek: expected a metric among"),
+    ([1], "compare: expected an object of metric tolerances"),
+])
+def test_bad_tolerances_in_a_summary_are_bad_input(tmp_path, capsys, spec, message):
+    base, head = suites(tmp_path, [summary("s", "v")], [summary("s", "v")])
+    bad = tmp_path / "head" / "s" / "v" / "summary.json"
+    bad.write_text(json.dumps({**summary("s", "v"), "compare": spec}))
+    code, out, err = run([base, head], capsys)
+    assert (code, out) == (2, "") and err.startswith(f"error: {bad}: {message}")
+
+
+def test_whatever_parse_size_raises_is_bad_input(tmp_path, capsys, monkeypatch):
+    def overflow(value):
+        raise OverflowError("cannot convert float infinity to integer")
+
+    monkeypatch.setattr(cmp, "parse_size", overflow)
+    base, head = suites(tmp_path, [summary("s", "v")], [summary("s", "v")])
+    code, _, err = run([base, head, "--abs", "peak=1e400GiB"], capsys)
+    assert (code, err) == (2, "error: '1e400GiB': cannot convert float infinity to integer\n")

@@ -1,0 +1,279 @@
+"""Bad input never passes and never shows a traceback: exit 2, one line naming file and field.
+
+`tests/data/bad_scenarios/` holds one malformed scenario per file. A text file's first line,
+`# expect: <text>`, is what its error message must contain; files that are not UTF-8 text (or
+hold characters YAML refuses) are listed in `EXPECTED.json` instead.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import harness.cli
+from harness import compare, components, metrics
+from harness.cli import main
+from harness.scenario import ScenarioError, load
+
+CORPUS = Path(__file__).parent / "data" / "bad_scenarios"
+EXPECTED = json.loads((CORPUS / "EXPECTED.json").read_text(encoding="utf-8"))
+FILES = sorted(p for p in CORPUS.iterdir() if p.suffix == ".yaml")
+VALID = Path(__file__).parent.parent / "scenarios" / "qwen3_8b_growth.yaml"
+
+
+def expectation(path: Path) -> str:
+    if path.name in EXPECTED:
+        return EXPECTED[path.name]
+    first = path.read_text(encoding="utf-8").split("\n", 1)[0]
+    assert first.startswith("# expect: "), f"{path.name}: no '# expect:' line"
+    return first.removeprefix("# expect: ")
+
+
+def test_the_corpus_holds_sixty_files_or_more_each_with_an_expectation():
+    assert len(FILES) >= 60
+    assert set(EXPECTED) <= {p.name for p in FILES}
+    assert all(expectation(p) for p in FILES)
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_run_exits_2_with_one_line_naming_the_file_and_field(path, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err + captured.out
+    message = captured.err.strip()
+    assert len(message.splitlines()) == 1, message
+    assert message.startswith("error: ") and str(path) in message, message
+    assert expectation(path) in message, message
+    assert not out.exists()  # refused before anything ran
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_load_raises_a_scenario_error_naming_the_file(path):
+    with pytest.raises(ScenarioError) as error:
+        load(path)
+    assert str(error.value).startswith(f"{path}: ")
+    assert str(error.value).isprintable()  # one line, control characters escaped
+
+
+class WideConsole(harness.cli.Console):
+    """The CLI's console, wide enough that a table row is one line."""
+
+    def __init__(self, *args, **kwargs):
+        if not kwargs.get("stderr"):
+            kwargs["width"] = 5000
+        super().__init__(*args, **kwargs)
+
+
+def test_list_shows_every_bad_file_as_invalid(capsys, monkeypatch):
+    monkeypatch.setattr(harness.cli, "Console", WideConsole)
+    assert main(["list", "--dir", str(CORPUS)]) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    rows = {line.split("│")[1].strip(): line for line in captured.out.splitlines()
+            if line.count("│") >= 3}
+    for path in FILES:
+        assert path.name in rows, path.name
+        assert "invalid" in rows[path.name], rows[path.name]
+
+
+def test_run_over_the_whole_corpus_stops_at_the_first_bad_file(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["run", str(CORPUS), "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert str(FILES[0]) in captured.err and "Traceback" not in captured.err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("text, check", [
+    ("name: qwen3_8b_growth\nworkload: {requests: [{prompt: 16}]}\n", lambda s: s[0].name == "qwen3_8b_growth"),
+    ("name: trim-slice\nworkload: {requests: [{prompt: 16}]}\n", lambda s: s[0].name == "trim-slice"),
+    ("name: q8.threshold\nworkload: {requests: [{prompt: 16}]}\n", lambda s: s[0].name == "q8.threshold"),
+    ("name: größe_ü\nworkload: {requests: [{prompt: 16}]}\n", lambda s: s[0].name == "größe_ü"),
+    (f"name: {'n' * 100}\nworkload: {{requests: [{{prompt: 16}}]}}\n", lambda s: len(s[0].name) == 100),
+    ("workload: {requests: [{prompt: 2147483647, decode: 0, repeat: 1}]}\nsampling: {seed: 4294967295}\n",
+     lambda s: s[0].spec.sampling.seed == 2**32 - 1),
+    ("workload: {requests: [{prompt: 16}]}\nvariants: {}\n", lambda s: [v.variant for v in s] == ["default"]),
+    ("workload: {requests: [{prompt: 16}]}\nvariants:\n", lambda s: [v.variant for v in s] == ["default"]),
+    ("workload: {requests: [{prompt: 16}]}\nvariants: {q8.threshold: {}, trim-slice: ~}\n",
+     lambda s: [v.variant for v in s] == ["q8.threshold", "trim-slice"]),
+    ("workload: {requests: [{prompt: 16}]}\ndetect: {spike: {min_ratio: 2, min_bytes: 1.5 KiB}}\n",
+     lambda s: s[0].spec.detect.spike.min_ratio == 2.0 and s[0].spec.detect.spike.min_bytes == 1536),
+    ("workload: {requests: [{prompt: 16}]}\nexpect: {peak: 8 PiB}\n".replace("8 PiB", str(2**53)),
+     lambda s: s[0].spec.expect.peak == 2**53),
+    ("workload: {requests: [{prompt: 16}]}\nexpect: {compare: {rss_peak: {rel: 0.1, abs: 64 MiB}}}\n",
+     lambda s: s[0].spec.expect.compare["rss_peak"].abs == 64 * 2**20),
+    ("defaults: &d {prompt: 16, decode: 2}\n", None),  # an unknown field, even as an anchor holder
+    ("workload:\n  requests:\n    - &r {prompt: 16, decode: 2}\n    - {<<: *r, decode: 4}\n",
+     lambda s: s[0].spec.workload.requests[1].decode == 4),  # a merge key may be overridden
+    ("\ufeffworkload: {requests: [{prompt: 16}]}\n", lambda s: len(s) == 1),  # UTF-8 with a BOM
+], ids=["snake", "dash", "inner_dot", "unicode", "100_chars", "bounds_inclusive", "empty_variants",
+        "null_variants", "dotted_variant", "int_ratio", "size_bound", "compare_metric",
+        "anchor_field", "merge_override", "utf8_bom"])
+def test_strict_loading_keeps_what_is_fine(tmp_path, text, check):
+    path = tmp_path / "good.yaml"
+    bom, text = ("\ufeff", text[1:]) if text.startswith("\ufeff") else ("", text)
+    path.write_text(bom + "model: qwen3-8b\n" + text, encoding="utf-8")
+    if check is None:
+        with pytest.raises(ScenarioError, match="defaults: unknown field"):
+            load(path)
+    else:
+        assert check(load(path))
+
+
+def summary(**changes) -> dict:
+    data = {"schema": 1, "scenario": "s", "variant": "v", "status": "ok", "error": None,
+            "metrics": {"peak": 2**20, "steady": 2**19}, "findings": [], "expectations": [],
+            "passed": True}
+    data.update(changes)
+    return {k: v for k, v in data.items() if v is not ...}
+
+
+BAD_SUMMARIES = {
+    "binary": (b"\x89PNG\r\n\x1a\n\x00\xff", "not UTF-8 text"),
+    "utf16": (json.dumps(summary()).encode("utf-16"), "not UTF-8 text"),
+    "empty": (b"", "corrupt JSON"),
+    "truncated": (json.dumps(summary()).encode()[:-5], "corrupt JSON"),
+    "deep": (b"[" * 100_000 + b"]" * 100_000, "not a valid summary: JSON nested too deeply"),
+    "deep_object": (b'{"a":' * 100_000 + b"1" + b"}" * 100_000, "JSON nested too deeply"),
+    "nan_peak": (b'{"scenario": "s", "variant": "v", "status": "ok", "metrics": {"peak": [NaN]}}',
+                 "metrics.peak: expected a number"),
+    "object_a1": (b'{"a": 1}', "scenario: expected text (missing)"),
+    "list": (b"[1]", "(top level): expected a JSON object"),
+    "string": (b'"summary"', "(top level): expected a JSON object"),
+    "no_scenario": (summary(scenario=...), "scenario: expected text"),
+    "no_variant": (summary(variant=...), "variant: expected text"),
+    "no_status": (summary(status=...), "status: expected text"),
+    "no_metrics": (summary(metrics=...), "metrics: expected an object (missing)"),
+    "scenario_number": (summary(scenario=5), "scenario: expected text"),
+    "metrics_list": (summary(metrics=[1]), "metrics: expected an object"),
+    "peak_text": (summary(metrics={"peak": "big"}), "metrics.peak: expected a number"),
+    "findings_dict": (summary(findings={}), "findings: expected a list"),
+    "finding_no_kind": (summary(findings=[{"message": "m"}]), "findings.0.kind: expected text"),
+    "expectation_no_ok": (summary(expectations=[{"name": "peak"}]), "expectations.0.ok"),
+    "passed_text": (summary(passed="yes"), "passed: expected true or false"),
+    "error_number": (summary(status="failed", error=7), "error: expected text"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SUMMARIES))
+def test_show_exits_2_on_a_bad_summary_naming_the_file(case, tmp_path, capsys):
+    content, expected = BAD_SUMMARIES[case]
+    path = tmp_path / "run" / "s" / "v" / "summary.json"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content if isinstance(content, bytes) else json.dumps(content).encode())
+    for target in (path, tmp_path / "run"):  # the file, and a report folder holding it
+        assert main(["show", str(target)]) == 2
+        captured = capsys.readouterr()
+        assert "Traceback" not in captured.err + captured.out
+        message = captured.err.strip()
+        assert len(message.splitlines()) == 1, message
+        assert str(path) in message and expected in message, message
+
+
+def test_show_prints_a_summary_whose_text_looks_like_markup(tmp_path, capsys):
+    path = tmp_path / "summary.json"
+    data = summary(scenario="[/bold]", status="failed", error="[/red] died",
+                   findings=[{"kind": "leak", "count": 1, "message": "[/] 1 B per request"}])
+    path.write_text(json.dumps(data))
+    assert main(["show", str(path)]) == 2  # a failed run
+    captured = capsys.readouterr()
+    assert "[/] 1 B per request" in captured.out and "Traceback" not in captured.err
+    assert captured.err == ""
+
+
+def test_show_on_an_empty_folder_exits_2(tmp_path, capsys):
+    assert main(["show", str(tmp_path)]) == 2
+    assert "no summary.json found" in capsys.readouterr().err
+
+
+def test_the_schema_and_the_gate_know_the_same_metrics():
+    assert compare.METRICS == metrics.METRICS
+
+
+# Byte-level fuzzing of the loader: whatever the bytes, load() returns or raises ScenarioError.
+
+def _names_a_user_component(data: bytes) -> bool:
+    """Whether the bytes, read as YAML, name a component outside kvmem's registry: loading it
+    would import user code in a child process, which is slow and not what this test is about."""
+    try:
+        document = yaml.safe_load(data.decode("utf-8"))
+    except Exception:  # noqa: BLE001 - any failure here is the loader's to report
+        return False  # the loader refuses it before any component is resolved
+    stack, seen = [document], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, dict):
+            component = node.get("component")
+            if component is not None and (not isinstance(component, str)
+                                          or component not in components.REGISTRY):
+                return True
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
+def _mutate(text: bytes, edits: list[tuple[int, int, int]]) -> bytes:
+    data = bytearray(text)
+    for kind, position, byte in edits:
+        at = position % (len(data) + 1)
+        if kind == 0:
+            data.insert(at, byte)
+        elif kind == 1 and data:
+            del data[min(at, len(data) - 1)]
+        elif data:
+            data[min(at, len(data) - 1)] = byte
+    return bytes(data)
+
+
+# Bytes that matter to YAML and to the schema, more often than chance would pick them.
+SPECIAL = st.sampled_from(b":-{}[],&*!|>'\"#%@`\n\t 0123456789.~\x00\xff\xfe\xc3")
+edits = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 10_000),
+                           st.one_of(st.integers(0, 255), SPECIAL)), min_size=1, max_size=8)
+fuzz = settings(max_examples=200, deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                       HealthCheck.filter_too_much])
+
+
+def _load_or_scenario_error(path: Path, data: bytes) -> None:
+    if _names_a_user_component(data):
+        return
+    path.write_bytes(data)
+    try:
+        load(path)
+    except ScenarioError as exc:
+        assert str(exc).startswith(f"{path}: ") and str(exc).isprintable()
+
+
+@fuzz
+@given(data=st.binary(max_size=400))
+def test_random_bytes_load_or_fail_with_a_scenario_error(tmp_path, data):
+    _load_or_scenario_error(tmp_path / "r.yaml", data)
+
+
+@fuzz
+@given(edits=edits)
+def test_mutated_scenarios_load_or_fail_with_a_scenario_error(tmp_path, edits):
+    _load_or_scenario_error(tmp_path / "m.yaml", _mutate(VALID.read_bytes(), edits))
+
+
+@fuzz
+@given(edits=edits, index=st.integers(0, len(FILES) - 1))
+def test_mutated_bad_scenarios_load_or_fail_with_a_scenario_error(tmp_path, edits, index):
+    _load_or_scenario_error(tmp_path / "b.yaml", _mutate(FILES[index].read_bytes(), edits))
+
+
+def test_a_valid_scenario_survives_the_mutation_helper_unchanged():
+    text = VALID.read_bytes()
+    assert _mutate(text, []) == text
+    assert len(load(VALID)) == 2 and not _names_a_user_component(text)
