@@ -8,6 +8,7 @@ seeded pool per layer shape is drawn once; each step gathers from it into new ar
 from __future__ import annotations
 
 import mlx.core as mx
+from mlx_lm.models.cache import _BaseCache
 
 from .geometry import KIND_RECURRENT, LayerSpec
 
@@ -61,7 +62,7 @@ class SyntheticKV:
         return layer.token_bytes() * layer.batch * tokens
 
 
-class RecurrentState:
+class RecurrentState(_BaseCache):
     """A recurrent layer's fixed-size state (GatedDeltaNet-like), replaced by every step.
 
     Each update computes a new state from the old one, so a step holds two states for a moment,
@@ -81,12 +82,17 @@ class RecurrentState:
         return self.value, self.value
 
     @property
-    def state(self) -> list[mx.array]:
-        return [] if self.value is None else [self.value]
+    def state(self) -> tuple:
+        """The state (None before the first update), the tokens seen, and its shape."""
+        return (self.value, self.offset, *self._shape)
 
     @state.setter
-    def state(self, v: list[mx.array]) -> None:
-        self.value = v[0] if v else None
+    def state(self, v: tuple) -> None:
+        self.value, self.offset, *shape = v
+        self._shape = tuple(shape)
+
+    def empty(self) -> bool:
+        return self.value is None
 
     @property
     def nbytes(self) -> int:

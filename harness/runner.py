@@ -18,6 +18,7 @@ from .components import resolve
 from .geometry import KIND_RECURRENT, KIND_SLIDING, Geometry
 from .kv import RecurrentState, SyntheticKV
 from .probe import Probe, release_freed_heap
+from .protocols import LayerCache, Session, Store
 from .scenario import ScenarioSpec, WorkloadSpec
 
 
@@ -68,16 +69,18 @@ class Engine:
         self.progress = progress
         self.source = SyntheticKV(spec.sampling.seed, self.geometry.layers)
         cache = spec.cache
-        self.store = _component(cache.store, self.geometry) if cache.store else None
-        self.session = _component(cache.session, self.geometry) if cache.session else None
-        self._live: list[list] = []
+        self.store: Store | None = _component(cache.store, self.geometry) if cache.store else None
+        self.session: Session | None = (
+            _component(cache.session, self.geometry) if cache.session else None
+        )
+        self._live: list[list[LayerCache]] = []
         self._request = -1
         self._turn = -1
         self._tokens = 0
 
-    def make_caches(self) -> list:
+    def make_caches(self) -> list[LayerCache]:
         """A fresh cache per layer: recurrent layers hold a fixed state, sliding layers a window."""
-        caches = []
+        caches: list[LayerCache] = []
         for layer in self.geometry.layers:
             if layer.kind == KIND_RECURRENT:
                 caches.append(RecurrentState(layer))
@@ -93,13 +96,13 @@ class Engine:
         for part in (self.store, self.session):
             if part is not None:
                 logical += part.nbytes
-                host += getattr(part, "host_bytes", 0)
+                host += getattr(part, "host_bytes", 0)  # a component without it holds none
         self.probe.end(phase, self._request, self._turn, self._tokens, logical, host,
                        self.geometry.minimum_bytes(self._tokens), work)
         if self.progress is not None:
             self.progress(self.probe.steps)
 
-    def _forward(self, caches: list, tokens: int) -> int:
+    def _forward(self, caches: list[LayerCache], tokens: int) -> int:
         """One model step over every layer: fresh K/V in, cache update, evaluated together."""
         outputs, work = [], 0
         for layer, cache in zip(self.geometry.layers, caches):
@@ -109,7 +112,7 @@ class Engine:
         mx.eval(outputs)
         return work
 
-    def prefill(self, caches: list, prompt: np.ndarray, start: int, held: int = 0,
+    def prefill(self, caches: list[LayerCache], prompt: np.ndarray, start: int, held: int = 0,
                 phase: str = "prefill") -> None:
         """Prefill `prompt[start:]` in chunks onto caches already holding `held` other tokens."""
         chunk = self.spec.workload.prefill_chunk
@@ -123,7 +126,7 @@ class Engine:
                 self.store.on_prefill(ids[:done], done, caches)
             self._record(phase, work)
 
-    def decode(self, caches: list, steps: int) -> None:
+    def decode(self, caches: list[LayerCache], steps: int) -> None:
         for _ in range(steps):
             self.probe.begin()
             work = self._forward(caches, 1)

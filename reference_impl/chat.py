@@ -14,12 +14,13 @@ from __future__ import annotations
 import mlx.core as mx
 
 from harness.geometry import Geometry
+from harness.protocols import SessionBase
 
 LOGITS = ("full", "top_k")
 
 
-class ChatSession:
-    """Session protocol: evict / keep_logits / start_turn / nbytes."""
+class ChatSession(SessionBase):
+    """A chat session (`harness.protocols.Session`) with the two switches above."""
 
     def __init__(self, geometry: Geometry, rolling_threshold: int | None = None,
                  logits: str = "top_k", k: int = 64):
@@ -29,6 +30,7 @@ class ChatSession:
             raise ValueError(f"rolling_threshold must be positive or null, got {rolling_threshold}")
         if not 0 < k <= geometry.vocab:
             raise ValueError(f"k must be in 1..vocab ({geometry.vocab}), got {k}")
+        super().__init__(geometry)
         self.rolling_threshold = rolling_threshold
         self.logits = logits
         self.k = k

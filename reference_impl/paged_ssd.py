@@ -1,11 +1,12 @@
 """Paged prefix cache with a hot tier and an SSD tier (seed 000, omlx style).
 
 Prompts are cut into blocks of `block_size` tokens, each keyed by a hash of its parent's key and
-its own tokens, so a key names a whole prefix. A block holds, per layer, the K/V of its tokens
-(full-attention layers) or a copy of the layer's state (sliding-window and recurrent layers,
-which cannot be cut by token). Blocks live in a hot tier (LRU, bounded in bytes); blocks evicted
-from it go to files in `ssd_dir`, written by one thread through a bounded queue, unless
-`hot_cache_only` drops them.
+its own tokens, so a key names a whole prefix. A block holds, per layer, the state of its tokens
+(full-attention layers, cut with `harness.protocols.state_range`) or a copy of the layer's whole
+state (sliding-window and recurrent layers, which cannot be cut by token), whatever the cache's
+class: a hit rebuilds each layer with its class's `from_state`. Blocks live in a hot tier (LRU,
+bounded in bytes); blocks evicted from it go to files in `ssd_dir`, written by one thread
+through a bounded queue, unless `hot_cache_only` drops them.
 
 The seed's bug switches:
 - `hot_storage: raw_bytes` keeps blocks as `bytes` copies: invisible to MLX's counters (only RSS
@@ -29,20 +30,21 @@ import tempfile
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import reduce
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import KVCache
+from mlx.utils import tree_flatten, tree_unflatten
 
 from harness.geometry import KIND_FULL, Geometry
+from harness.protocols import LayerCache, join_ranges, state_range
 from harness.scenario import parse_size
-
-from .turboquant import TurboQuantKVCache
 
 HOT_STORAGE = ("raw_bytes", "arrays")
 SNAPSHOTS = ("off", "leak", "release")
+TOKENS, STATE = "tokens", "state"  # a piece holds a token range of a cache, or its whole state
 _PLAIN = (int, float, str, bool, type(None))
 
 
@@ -66,9 +68,11 @@ class Raw:
 
 @dataclass
 class Piece:
-    """One layer's share of a block: a recipe (JSON-able) and the arrays it needs."""
+    """One layer's share of a block: a cache's state taken apart into its arrays and a recipe
+    (JSON-able): what the piece holds (TOKENS or STATE), the cache's class as an import path,
+    where each array goes in the state, and the state's plain values with their places."""
 
-    recipe: tuple
+    recipe: tuple  # (kind, class path, array paths, [(path, plain value)])
     arrays: list  # mx.array, or Raw in the raw_bytes hot tier and on the SSD tier
 
     @property
@@ -83,6 +87,10 @@ class Piece:
 
     def live(self) -> list[mx.array]:
         return [a.array() if isinstance(a, Raw) else a for a in self.arrays]
+
+    def state(self) -> Any:
+        _, _, paths, plain = self.recipe
+        return tree_unflatten([*zip(paths, self.live()), *plain])
 
 
 @dataclass
@@ -114,65 +122,43 @@ def _copy(array: mx.array) -> mx.array:
     return mx.array(array)
 
 
-def token_piece(cache: Any, start: int, end: int) -> Piece:
-    """Tokens [start, end) of a full-attention layer's cache, copied."""
-    if isinstance(cache, TurboQuantKVCache):
-        return Piece(("turboquant", cache.options()), cache.codes(start, end))
-    if isinstance(getattr(cache, "keys", None), mx.array):
-        keys, values = cache.keys[..., start:end, :], cache.values[..., start:end, :]
-        return Piece(("kv",), [_copy(keys), _copy(values)])
-    raise TypeError(
-        f"paged_ssd cannot cut {type(cache).__name__} by token: full-attention layers need "
-        "mlx-lm's KVCache protocol (keys/values arrays) or the TurboQuant cache"
-    )
-
-
-def state_piece(cache: Any) -> Piece:
-    """A copy of a cache that cannot be cut by token, whatever its class.
-
-    Its attributes are taken as they are: arrays (or lists of arrays) copied, plain values
-    kept; a restored cache gets the same attributes. This needs no `state` setter, which not
-    every cache class has.
-    """
-    plain, layout, arrays = {}, [], []
-    for name, value in vars(cache).items():
+def piece(kind: str, cache: LayerCache, state: Any) -> Piece:
+    """`state` of `cache` taken apart, its arrays copied."""
+    paths, arrays, plain = [], [], []
+    for path, value in tree_flatten(state):
         if isinstance(value, mx.array):
-            layout.append((name, None))
+            paths.append(path)
             arrays.append(_copy(value))
-        elif isinstance(value, (list, tuple)) and value and all(isinstance(x, mx.array) for x in value):
-            layout.append((name, len(value)))
-            arrays.extend(_copy(x) for x in value)
-        elif isinstance(value, _PLAIN) or (
-            isinstance(value, tuple) and all(isinstance(x, _PLAIN) for x in value)
-        ):
-            plain[name] = value
+        elif isinstance(value, _PLAIN):
+            plain.append((path, value))
+        else:
+            raise TypeError(f"paged_ssd cannot store the state of {type(cache).__name__}: "
+                            f"{path} is a {type(value).__name__}, not an array or a plain value")
     cls = f"{type(cache).__module__}:{type(cache).__qualname__}"
-    return Piece(("state", cls, plain, layout), arrays)
+    return Piece((kind, cls, paths, plain), arrays)
 
 
-def restore_layer(pieces: list[Piece]) -> Any:
-    """A working cache from one layer's pieces of consecutive blocks.
+def token_piece(cache: LayerCache, start: int, end: int) -> Piece:
+    """Tokens [start, end) of a full-attention layer's cache, copied."""
+    return piece(TOKENS, cache, state_range(cache, start, end))
 
-    Token pieces are concatenated (the blocks and the result coexist: a hit's peak is a multiple
-    of the block bytes); a state is restored from the last block's copy.
+
+def state_piece(cache: LayerCache) -> Piece:
+    """A copy of the whole state of a cache that cannot be cut by token."""
+    return piece(STATE, cache, cache.state)
+
+
+def restore_layer(pieces: list[Piece]) -> LayerCache:
+    """A working cache from one layer's pieces of consecutive blocks, by its class's `from_state`.
+
+    Token ranges are joined (the blocks and the result coexist: a hit's peak is a multiple of
+    the block bytes); a whole state is restored from the last block's copy.
     """
-    kind = pieces[0].recipe[0]
-    if kind == "kv":
-        keys, values = (mx.concatenate(c, axis=2) for c in zip(*(p.live() for p in pieces)))
-        cache = KVCache()
-        cache.state = (keys, values, keys.shape[2])
-        return cache
-    if kind == "turboquant":
-        return TurboQuantKVCache.restore([p.live() for p in pieces], **pieces[0].recipe[1])
-    _, cls_path, plain, layout = pieces[-1].recipe
+    kind, cls_path, _, _ = pieces[-1].recipe
+    state = join_ranges([p.state() for p in pieces]) if kind == TOKENS else pieces[-1].state()
     module, _, name = cls_path.partition(":")
-    cls = getattr(importlib.import_module(module), name)
-    cache = cls.__new__(cls)
-    cache.__dict__.update({k: tuple(v) if isinstance(v, list) else v for k, v in plain.items()})
-    arrays = iter(pieces[-1].live())
-    for attr, count in layout:
-        setattr(cache, attr, next(arrays) if count is None else [next(arrays) for _ in range(count)])
-    return cache
+    cls = reduce(getattr, name.split("."), importlib.import_module(module))
+    return cls.from_state(state)
 
 
 def write_block(path: Path, block: Block) -> None:
@@ -219,7 +205,7 @@ def read_block(path: Path) -> Block:
 
 
 class PagedSSDStore:
-    """Store protocol (fetch / store / on_prefill) over a hot LRU tier and an SSD tier."""
+    """A store (`harness.protocols.Store`) over a hot LRU tier and an SSD tier."""
 
     def __init__(
         self,
@@ -262,7 +248,7 @@ class PagedSSDStore:
 
     # -- store protocol -------------------------------------------------------------------
 
-    def fetch(self, tokens: tuple[int, ...]) -> tuple[list | None, int]:
+    def fetch(self, tokens: tuple[int, ...]) -> tuple[list[LayerCache] | None, int]:
         """Caches rebuilt from the longest chain of stored blocks that can be restored.
 
         At least one token is left to prefill. Walks back past blocks whose sliding/recurrent
@@ -285,7 +271,7 @@ class PagedSSDStore:
             caches.append(restore_layer(pieces))
         return caches, len(blocks) * self.block_size
 
-    def on_prefill(self, tokens: tuple[int, ...], done: int, caches: list) -> None:
+    def on_prefill(self, tokens: tuple[int, ...], done: int, caches: list[LayerCache]) -> None:
         """At a block boundary, snapshot the layers that cannot be cut by token."""
         if self.snapshots == "off" or done % self.block_size or all(self._full):
             return
@@ -296,7 +282,7 @@ class PagedSSDStore:
         key = self._chain(tokens, done // self.block_size)[-1]
         self._boundary[key] = snapshot
 
-    def store(self, tokens: tuple[int, ...], caches: list) -> None:
+    def store(self, tokens: tuple[int, ...], caches: list[LayerCache]) -> None:
         """Every full block of `tokens` not stored yet; then the boundary snapshots go."""
         keys = self._chain(tokens, len(tokens) // self.block_size)
         for i, key in enumerate(keys):

@@ -22,6 +22,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from harness.geometry import KIND_FULL, Geometry
+from harness.protocols import StoreBase
 
 TRIMS = ("none", "slice", "copy")
 BITS = (None, 4, 8)
@@ -50,8 +51,8 @@ def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     return n
 
 
-class PrefixCache:
-    """Store protocol: `fetch`, `store`, `on_prefill`, `nbytes`, `host_bytes`, `close`."""
+class PrefixCache(StoreBase):
+    """A store of whole entries, taken when a request finishes (no prefill snapshots)."""
 
     def __init__(
         self,
@@ -76,6 +77,7 @@ class PrefixCache:
             )
         if budget is not None and budget < 0:
             raise ValueError(f"prefix_cache option budget must be >= 0 bytes, got {budget}")
+        super().__init__(geometry)
         self.budget = budget
         self.trim = trim
         self.bits = quantize
@@ -134,16 +136,9 @@ class PrefixCache:
         working.keys, working.values, working.offset = keys, values, n
         return working
 
-    def on_prefill(self, tokens: tuple[int, ...], done: int, caches: list) -> None:
-        """Entries are made when a request finishes, not at prefill boundaries."""
-
     @property
     def nbytes(self) -> int:
         return sum(c.nbytes for entry in self._entries.values() for c in entry)
-
-    @property
-    def host_bytes(self) -> int:
-        return 0
 
     def close(self) -> None:
         self._entries.clear()

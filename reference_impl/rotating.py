@@ -14,12 +14,15 @@ chunk; a decode step gets the whole window in slot order.
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
+from mlx_lm.models.cache import _BaseCache
 
 from harness.geometry import LayerSpec
 
 
-class PreallocatedRotatingKVCache:
+class PreallocatedRotatingKVCache(_BaseCache):
     """Single-sequence sliding-window cache: one `max_size` buffer, written in place."""
 
     def __init__(self, max_size: int, keep: int = 0):
@@ -101,8 +104,13 @@ class PreallocatedRotatingKVCache:
         return self.keys is None
 
     @property
-    def state(self):
-        return self.keys, self.values
+    def state(self) -> tuple[Any, ...]:
+        """As mlx-lm's RotatingKVCache: the buffers, then the counters and the window."""
+        return self.keys, self.values, self.offset, self.keep, self.max_size, self._seen
+
+    @state.setter
+    def state(self, v: tuple[Any, ...]) -> None:
+        self.keys, self.values, self.offset, self.keep, self.max_size, self._seen = v
 
     @property
     def nbytes(self) -> int:

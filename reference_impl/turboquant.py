@@ -8,18 +8,20 @@ into uint32 words (bit planes of 32 coordinates), so a vector of D coordinates c
 D*b/8 bytes plus a 2-byte scale: about b/16 of fp16.
 
 Prefill chunks are kept in fp16 and quantized lazily when decoding starts (one token per update).
-`on_restore` is the seed's bug switch for rebuilding a cache from stored blocks:
-`dequantize` (before) expands it into a full fp16 `KVCache`, 16/b times the codes, and the
-quantized and fp16 copies coexist while it does; `keep` (after) stays quantized.
+`on_restore` is the seed's bug switch for rebuilding a cache from its state (`from_state`, which
+a store's hit and mlx-lm's `load_prompt_cache` call): `dequantize` (before) expands it into a full
+fp16 `KVCache`, 16/b times the codes, and the quantized and fp16 copies coexist while it does;
+`keep` (after) stays quantized.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import KVCache, _BaseCache
 
 BITS = (2, 3, 4, 8)
 ON_RESTORE = ("dequantize", "keep")
@@ -87,7 +89,7 @@ def dequantize(
     return unrotate(y, seed).astype(scale.dtype)
 
 
-class TurboQuantKVCache:
+class TurboQuantKVCache(_BaseCache):
     """Layer cache holding rotated b-bit codes; prefill stays fp16 until decoding starts."""
 
     step = 256
@@ -108,10 +110,6 @@ class TurboQuantKVCache:
         self.quantized = 0  # tokens held as codes; the rest wait in `pending`
         self.pending = KVCache()
         self.offset = 0
-
-    def options(self) -> dict:
-        return {"head_dim": self.head_dim, "bits": self.bits, "on_restore": self.on_restore,
-                "seed": self.seed}
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         """Prefill chunks wait in fp16; a single token first quantizes them, then itself.
@@ -171,16 +169,10 @@ class TurboQuantKVCache:
         return [mx.array(p) for p in self._parts(start, self.offset if end is None else end)]
 
     @classmethod
-    def restore(cls, blocks: list[list[mx.array]], **options):
-        """A working cache from consecutive blocks of `codes()`, as `on_restore` says.
-
-        `dequantize` returns an fp16 `KVCache` (peak = quantized + fp16); `keep` a quantized one.
-        """
-        cache = cls(**options)
+    def restore(cls, blocks: list[list[mx.array]], **options) -> TurboQuantKVCache | KVCache:
+        """A working cache, as `from_state` makes it, from consecutive blocks of `codes()`."""
         parts = [mx.concatenate(column, axis=2) for column in zip(*blocks)]
-        cache.packed, cache.quantized = parts, parts[0].shape[2]
-        cache.offset = cache.quantized
-        return cache if cache.on_restore == "keep" else cache.expanded()
+        return cls.from_state(cls(**options)._state(parts, parts[0].shape[2]))
 
     def expanded(self) -> KVCache:
         """An fp16 `KVCache` holding every token, dequantized (16/b times the codes)."""
@@ -191,20 +183,32 @@ class TurboQuantKVCache:
         full.state = (keys, values, keys.shape[2])
         return full
 
+    def _state(self, parts: list[mx.array], offset: int) -> tuple[Any, ...]:
+        return (*parts, offset, self.head_dim, self.bits, self.on_restore, self.seed)
+
+    def state_range(self, start: int, end: int) -> tuple[Any, ...]:
+        """The state of tokens [start, end) alone (see `harness.protocols.state_range`): a
+        store cuts blocks with it, as it cuts mlx-lm's caches along their token axis."""
+        return self._state(self._parts(start, end), end)
+
     @property
-    def state(self):
-        """`dequantize`: the fp16 (keys, values, offset) of KVCache; `keep`: the codes (views)."""
-        if self.on_restore == "dequantize":
-            return self.expanded().state
-        return (*self._parts(0, self.offset), self.offset)
+    def state(self) -> tuple[Any, ...]:
+        """Codes and scales of every token (views; pending ones quantized), the offset, then
+        the settings: what `from_state` needs, whatever `on_restore` says."""
+        return self.state_range(0, self.offset)
 
     @state.setter
-    def state(self, v) -> None:
-        *parts, offset = v
-        if len(parts) == 2:
-            parts = [*quantize(parts[0], self.bits, self.seed), *quantize(parts[1], self.bits, self.seed)]
-        self.packed, self.quantized, self.offset = list(parts), offset, offset
+    def state(self, v: tuple[Any, ...]) -> None:
+        *parts, offset, self.head_dim, self.bits, self.on_restore, self.seed = v
+        signs(self.head_dim, self.seed)  # drawn here too, so no step of a restored cache draws it
+        self.packed, self.quantized, self.offset = list(parts) or None, offset, offset
         self.pending = KVCache()
+
+    @classmethod
+    def from_state(cls, state: tuple[Any, ...]) -> TurboQuantKVCache | KVCache:
+        """The cache `state` describes, or with `on_restore: dequantize` its fp16 expansion."""
+        cache = super().from_state(state)
+        return cache if cache.on_restore == "keep" else cache.expanded()
 
     @property
     def nbytes(self) -> int:

@@ -18,8 +18,9 @@ from harness.geometry import build
 from harness.kv import RecurrentState
 from harness.scenario import WorkloadSpec
 from reference_impl import paged_ssd
-from reference_impl.paged_ssd import PagedSSDStore, read_block
+from reference_impl.paged_ssd import PagedSSDStore, read_block, restore_layer
 from reference_impl.rotating import rotating
+from reference_impl.turboquant import TurboQuantKVCache, dequantize
 from tests.conftest import active
 
 GEOMETRY = build([
@@ -31,14 +32,15 @@ BLOCK = 64
 FULL_PIECE = BLOCK * 512           # one full layer's K and V for one block
 SNAPSHOT = 64 * 512 + 4096          # the sliding window and the recurrent state
 BLOCK_BYTES = 2 * FULL_PIECE + SNAPSHOT
+CODES = 2 * BLOCK * 2 * (64 * 4 // 8 + 2)  # a full layer's block as 4-bit TurboQuant codes
 TOKENS = tuple(range(300))          # 4 full blocks and 44 tokens
 
 
 pytestmark = pytest.mark.usefixtures("exact_allocator")
 
 
-def make_caches(geometry=GEOMETRY) -> list:
-    kinds = {"full": lambda l: mx_kv(), "sliding": rotating, "recurrent": RecurrentState}
+def make_caches(geometry=GEOMETRY, full=None) -> list:
+    kinds = {"full": full or (lambda l: mx_kv()), "sliding": rotating, "recurrent": RecurrentState}
     return [kinds[l.kind](l) for l in geometry.layers]
 
 
@@ -182,6 +184,58 @@ def test_store_all_blocks_decides_walk_back(stores):
     serve(every, TOKENS)
     caches, matched = every.fetch(shorter)
     assert matched == 2 * BLOCK and [c.offset for c in caches[:2]] == [2 * BLOCK] * 2
+
+
+def turboquant(on_restore: str):
+    return lambda layer: TurboQuantKVCache(layer.head_dim, bits=4, on_restore=on_restore)
+
+
+@pytest.mark.parametrize("on_restore", ["keep", "dequantize"])
+def test_turboquant_blocks_hold_codes_and_a_hit_restores_as_on_restore_says(stores, on_restore):
+    """Blocks of a TurboQuant layer are cut from its state like any cache's and hold its codes;
+    a hit rebuilds them with its `from_state`: the codes (`keep`) or fp16 (`dequantize`)."""
+    store = stores(hot_cache_only=True, snapshots="off")
+    caches = make_caches(full=turboquant(on_restore))
+    base = active()
+    store.store(TOKENS, prefill(store, TOKENS, caches))
+    codes = caches[0].codes(0, 4 * BLOCK)
+    mx.eval(codes)
+    del caches
+    assert store.nbytes == active() - base - sum(a.nbytes for a in codes)
+    assert store.nbytes == 4 * (2 * CODES + SNAPSHOT)
+    caches, matched = store.fetch(TOKENS)
+    mx.eval([c.state for c in caches])
+    assert matched == 4 * BLOCK and [c.offset for c in caches[:2]] == [4 * BLOCK] * 2
+    if on_restore == "keep":
+        assert [type(c) for c in caches[:2]] == [TurboQuantKVCache] * 2
+        assert [c.nbytes for c in caches[:2]] == [4 * CODES] * 2
+        assert all(mx.array_equal(a, b) for a, b in zip(caches[0].state[:4], codes))
+    else:
+        assert [type(c).__name__ for c in caches[:2]] == ["KVCache"] * 2
+        assert [c.nbytes for c in caches[:2]] == [4 * FULL_PIECE] * 2
+        assert mx.array_equal(caches[0].keys, dequantize(codes[0], codes[1], 4, 64))
+    # New arrays for the full layers; the window and the recurrent state are the block's own.
+    assert active() - base == store.nbytes + sum(c.nbytes for c in caches[:2]) + sum(
+        a.nbytes for a in codes)
+
+
+def test_turboquant_blocks_read_back_from_disk_restore_the_same_codes(stores, tmp_path):
+    store = stores(hot_budget=1, snapshots="off", ssd_dir=str(tmp_path))
+    caches = prefill(store, TOKENS, make_caches(full=turboquant("keep")))
+    store.store(TOKENS, caches)
+    store.close()
+    blocks = [read_block(tmp_path / f"{key}.block") for key in store._chain(TOKENS, 4)]
+    restored = restore_layer([b.pieces[1] for b in blocks])
+    assert type(restored) is TurboQuantKVCache and restored.offset == 4 * BLOCK
+    assert restored.nbytes == 4 * CODES and (restored.bits, restored.on_restore) == (4, "keep")
+    assert all(mx.array_equal(a, b) for a, b in zip(restored.state[:4], caches[1].codes(0, 256)))
+
+
+def test_a_full_layer_that_cannot_be_cut_by_token_is_refused(stores):
+    store = stores(hot_cache_only=True)
+    caches = make_caches(full=RecurrentState)
+    with pytest.raises(TypeError, match="RecurrentState cannot be cut by token"):
+        store.store(TOKENS, prefill(store, TOKENS, caches))
 
 
 def test_hot_budget_evicts_lru_and_hot_cache_only_writes_nothing(stores, tmp_path):
