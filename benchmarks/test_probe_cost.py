@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.probe import NullProbe, Probe
-from harness.runner import Engine
+from harness.run.probe import NullProbe, Probe
+from harness.run.engine import Engine
 from harness.scenario import ScenarioSpec
 
 # Qwen3-8B geometry: 36 layers, 8 KV heads, head dim 128, bf16; decode dominates.

@@ -8,7 +8,6 @@ traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import signal
 import sys
@@ -19,23 +18,31 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from . import baseline, compare, geometry
-from . import noise
-from .isolation import DEFAULT_TIMEOUT
+from . import geometry
+from .gate import baseline, noise
+from .gate.compare import METRICS, Comparison, CompareError, compare, fraction, size
+from .gate.render import RENDERERS, render_text
 from .report import ReportError
-from .scenario import ScenarioError, discover, load
-from .suite import exit_status, run_variants, table
+from .run.isolation import DEFAULT_TIMEOUT
+from .run.suite import exit_status, run_repeated, run_variants, table
+from .scenario import ScenarioError, Variant, discover, load_variants
+from .summary_io import Summary, SummaryError, atomic_text, checked, load_summaries
 
+BAD_INPUT = (ScenarioError, ReportError, SummaryError, CompareError)
 DEFAULT_SCENARIOS = Path("scenarios")
 
 
+def _variants(paths: list[str], only: list[str] | None = None) -> list[Variant]:
+    """Every variant of the scenario files under `paths` (or those named), validated first."""
+    variants = [v for path in discover(paths) for v in load_variants(path, only)]
+    if not variants:
+        raise ScenarioError(f"{', '.join(map(str, paths))}: no scenario files (*.yaml) found")
+    return variants
+
+
 def _run(args: argparse.Namespace, console: Console) -> int:
-    scenarios = []
-    for path in discover(args.paths):
-        scenarios.extend(load(path, args.variant))
-    if not scenarios:
-        raise ScenarioError(f"{', '.join(args.paths)}: no scenario files (*.yaml) found")
-    summaries = run_variants(scenarios, Path(args.out), console, args.timeout)
+    summaries = run_variants(_variants(args.paths, args.variant), Path(args.out), console,
+                             args.timeout)
     console.print(table(summaries))
     console.print(f"reports written under {args.out}/")
     return exit_status(summaries)
@@ -48,11 +55,12 @@ def _list(args: argparse.Namespace, console: Console) -> int:
     folder = Path(args.dir)
     for path in discover([folder]) if folder.is_dir() else []:
         try:
-            variants = load(path)
+            variants = load_variants(path)
             first_sentence = variants[0].spec.description.split(". ")[0].rstrip(".")
-            scenarios.add_row(path.name, ", ".join(v.variant for v in variants), first_sentence)
+            scenarios.add_row(path.name, escape(", ".join(v.name for v in variants)),
+                              escape(first_sentence))
         except ScenarioError as exc:
-            scenarios.add_row(path.name, "[red]invalid[/red]", str(exc))
+            scenarios.add_row(path.name, "[red]invalid[/red]", escape(str(exc)))
     console.print(scenarios)
     presets = Table(title="model presets")
     for column in ("name", "layers", "KV per token", "vocab"):
@@ -68,89 +76,112 @@ def _list(args: argparse.Namespace, console: Console) -> int:
 
 def _show(args: argparse.Namespace, console: Console) -> int:
     """Print summaries; a file that is not one is bad input naming the file and the field."""
-    path = Path(args.report)
-    try:
-        files = [path] if path.is_file() else sorted(path.rglob("summary.json"))
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if not files:
-        raise ScenarioError(f"{path}: no summary.json found")
-
-    def number(value: object) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-    def checked(file: Path) -> dict:
-        """The summary in `file`, its text escaped for rich markup, with defaults filled in."""
-        def bad(where: str, expected: str) -> ScenarioError:
-            return ScenarioError(f"{file}: not a valid summary: {where}: expected {expected}")
-
-        try:
-            data = json.loads(file.read_bytes().decode("utf-8"))
-        except OSError as exc:
-            raise ScenarioError(f"{file}: cannot read: {exc.strerror or exc}") from None
-        except UnicodeDecodeError:
-            raise ScenarioError(f"{file}: not a valid summary: not UTF-8 text") from None
-        except ValueError as exc:  # JSONDecodeError is a ValueError
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise ScenarioError(f"{file}: not a valid summary: corrupt JSON: {reason}") from None
-        except RecursionError:
-            raise ScenarioError(f"{file}: not a valid summary: JSON nested too deeply") from None
-        if not isinstance(data, dict):
-            raise bad("(top level)", "a JSON object")
-        for key in ("scenario", "variant", "status"):
-            if not isinstance(data.get(key), str):
-                raise bad(key, "text" if key in data else "text (missing)")
-        metrics = data.get("metrics")
-        if not isinstance(metrics, dict):
-            raise bad("metrics", "an object" if "metrics" in data else "an object (missing)")
-        for key in ("peak", "steady"):
-            if metrics.get(key) is not None and not number(metrics[key]):
-                raise bad(f"metrics.{key}", "a number of bytes")
-        findings = data.get("findings", [])
-        if not isinstance(findings, list):
-            raise bad("findings", "a list")
-        for i, finding in enumerate(findings):
-            if not isinstance(finding, dict):
-                raise bad(f"findings.{i}", "an object")
-            for key in ("kind", "message"):
-                if not isinstance(finding.get(key), str):
-                    raise bad(f"findings.{i}.{key}", "text")
-        expectations = data.get("expectations", [])
-        if not isinstance(expectations, list):
-            raise bad("expectations", "a list")
-        for i, item in enumerate(expectations):
-            if not isinstance(item, dict):
-                raise bad(f"expectations.{i}", "an object")
-            if not isinstance(item.get("ok"), bool):
-                raise bad(f"expectations.{i}.ok", "true or false")
-        passed = data.get("passed", data["status"] == "ok" and all(e["ok"] for e in expectations))
-        if not isinstance(passed, bool):
-            raise bad("passed", "true or false")
-        error = data.get("error")
-        if data["status"] != "ok" and not isinstance(error, (str, type(None))):
-            raise bad("error", "text")
-        def text(value: object) -> str:
-            return escape(str(value))  # a field may hold [markup] that rich would interpret
-
-        return {
-            "scenario": text(data["scenario"]), "variant": text(data["variant"]),
-            "status": text(data["status"]),
-            "error": text((error or "").strip() or f"run {data['status']} (no error recorded)"),
-            "metrics": {k: metrics.get(k) for k in ("peak", "steady")},
-            "findings": [{"kind": text(f["kind"]), "count": text(f.get("count", "?")),
-                          "message": text(f["message"])} for f in findings],
-            "expectations": [{"ok": e["ok"], "name": text(e.get("name", "?")),
-                              "expected": text(e.get("expected", "?")),
-                              "actual": text(e.get("actual", "?"))} for e in expectations],
-            "passed": passed,
-        }
-
-    summaries = [checked(file) for file in files]
+    summaries = [s.data for s in load_summaries(args.report)]
+    if not summaries:
+        raise SummaryError(f"{args.report}: no summary.json found")
     console.print(table(summaries))
     for s in summaries:
-        for f in s["findings"]:
-            console.print(f"  {s['scenario']}/{s['variant']}: [bold]{f['kind']}[/bold] {f['message']}")
+        for f in s.get("findings", []):
+            console.print(f"  {escape(s['scenario'])}/{escape(s['variant'])}: "
+                          f"[bold]{escape(f['kind'])}[/bold] {escape(f['message'])}")
+        if s.get("noise"):
+            console.print(noise.table([s]))
     return exit_status(summaries)
+
+
+def _tolerance_flags(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, float]]:
+    """`--rel METRIC=X` and `--abs METRIC=SIZE`, each checked as the scenario's would be."""
+    def values(pairs: list[str], flag: str, convert) -> dict[str, float]:
+        parsed = {}
+        for pair in pairs:
+            name, sep, value = pair.partition("=")
+            if not sep or name not in METRICS:
+                raise CompareError(f"{flag} {pair}: expected METRIC=VALUE with METRIC among "
+                                   f"{', '.join(METRICS)}")
+            parsed[name] = convert(value)
+        return parsed
+
+    return values(args.rel, "--rel", fraction), values(args.abs, "--abs", size)
+
+
+def _emit(comparison: Comparison, args: argparse.Namespace, console: Console) -> int:
+    """Render in the requested format to --out (the text rendering still goes to stdout)."""
+    if args.out:
+        try:
+            atomic_text(Path(args.out), RENDERERS[args.format](comparison))
+        except OSError as exc:
+            raise ReportError(f"{args.out}: cannot write: {exc.strerror or exc}") from None
+        sys.stdout.write(render_text(comparison))
+    else:
+        sys.stdout.write(RENDERERS[args.format](comparison))
+    return comparison.exit_code
+
+
+def _compare(args: argparse.Namespace, console: Console) -> int:
+    rel, abs_ = _tolerance_flags(args)
+    base, head = load_summaries(args.base), load_summaries(args.head)
+    if not head:
+        raise CompareError(f"{args.head}: no summaries found")
+    return _emit(compare(base, head, rel, abs_), args, console)
+
+
+def _suite_summaries(args: argparse.Namespace, console: Console) -> list[Summary]:
+    """The summaries `baseline` works on: read `--from` a folder, or from running the suite
+    (`--runs N` times each, recording the median run and the spread)."""
+    runs = getattr(args, "runs", 1)
+    if args.source:
+        if runs > 1:
+            raise CompareError(f"--runs {runs} measures by running the suite; it cannot be "
+                               "combined with --from (record `kvmem noise` reports instead)")
+        summaries = load_summaries(args.source)
+        if not summaries:
+            raise CompareError(f"{args.source}: no summaries found")
+        return summaries
+    variants, reports = _variants(args.paths or ["scenarios"]), Path(args.reports)
+    if runs > 1:
+        results = run_repeated(variants, runs, reports, console)
+        _warn(console, noise.warnings(results))
+    else:
+        results = run_variants(variants, reports, console)
+    return [checked(Summary(reports / r["scenario"] / r["variant"] / "summary.json", r))
+            for r in results]
+
+
+def _warn(console: Console, lines: list[str]) -> None:
+    for line in lines:
+        console.print(f"[bold red]warning:[/bold red] {escape(line)}", highlight=False)
+
+
+def _baseline_update(args: argparse.Namespace, console: Console) -> int:
+    errors = Console(stderr=True, soft_wrap=True)
+    written, skipped = baseline.store(_suite_summaries(args, errors), Path(args.dir))
+    for path in written:
+        console.print(f"wrote {path}", highlight=False)
+    for summary in skipped:
+        errors.print(f"error: {escape(summary.label)}: {summary.data['status']} "
+                     f"({escape(str(summary.data.get('error')))}): no baseline written",
+                     highlight=False)
+    return 2 if skipped else 0
+
+
+def _baseline_check(args: argparse.Namespace, console: Console) -> int:
+    rel, abs_ = _tolerance_flags(args)
+    head = _suite_summaries(args, Console(stderr=True, soft_wrap=True))
+    base = baseline.load_baselines(Path(args.dir), head, bool(args.paths or args.source))
+    return _emit(compare(base, head, rel, abs_), args, console)
+
+
+def _noise(args: argparse.Namespace, console: Console) -> int:
+    """Exit 2 when a run did not complete, 1 when exact metrics differed or an expectation
+    failed in some run, else 0."""
+    summaries = run_repeated(_variants(args.paths, args.variant), args.runs, Path(args.out),
+                             console)
+    console.print(noise.table(summaries))
+    found = noise.warnings(summaries)
+    _warn(console, found)
+    console.print(f"reports written under {args.out}/ (the median run of each variant); record "
+                  f"them with `kvmem baseline update --from {args.out}`", highlight=False)
+    return max(exit_status(summaries), 1 if found else 0)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -173,10 +204,66 @@ def parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", help="print a report's summary")
     show.add_argument("report", help="a summary.json, a variant folder or a report folder")
     show.set_defaults(handler=_show)
-    compare.add_parser(sub)
-    baseline.add_parser(sub)
-    noise.add_parser(sub)
+    comparing = sub.add_parser(
+        "compare", help="compare run summaries of a base and a head; exit 1 on regression")
+    comparing.add_argument("base", help="report folder, summary.json or baselines folder")
+    comparing.add_argument("head", help="report folder, summary.json or baselines folder")
+    _gate_options(comparing)
+    comparing.set_defaults(handler=_compare)
+
+    baselines = sub.add_parser("baseline", help="record or check committed baselines")
+    actions = baselines.add_subparsers(dest="action", required=True)
+    update = actions.add_parser("update", help="run the suite and record its summaries")
+    check = actions.add_parser("check", help="run the suite and compare with the baselines; "
+                                             "exit 1 on regression")
+    for action, handler in ((update, _baseline_update), (check, _baseline_check)):
+        action.add_argument("paths", nargs="*",
+                            help="scenario files or folders (default: scenarios)")
+        action.add_argument("--dir", default="baselines", help="baselines folder")
+        action.add_argument("--reports", default="reports",
+                            help="where the suite's reports go (default: reports)")
+        action.add_argument("--from", dest="source", metavar="REPORTS",
+                            help="use the summaries under REPORTS instead of running the suite")
+        action.set_defaults(handler=handler)
+    update.add_argument("--runs", type=_runs(1), default=1, metavar="N",
+                        help="run each variant N times and record the median run with the "
+                             "measured spread of peak and spike (default: 1)")
+    _gate_options(check)
+
+    noisy = sub.add_parser(
+        "noise", help="run each variant N times and report the spread of peak and spike")
+    noisy.add_argument("paths", nargs="+", help="scenario YAML files or folders of them")
+    noisy.add_argument("--variant", action="append", help="run only this variant (repeatable)")
+    noisy.add_argument("--runs", type=_runs(2), default=noise.DEFAULT_RUNS, metavar="N",
+                       help=f"runs per variant (default: {noise.DEFAULT_RUNS})")
+    noisy.add_argument("--out", default=noise.DEFAULT_OUT,
+                       help=f"report folder for the median runs (default: {noise.DEFAULT_OUT})")
+    noisy.set_defaults(handler=_noise)
     return top
+
+
+def _gate_options(parser: argparse.ArgumentParser) -> None:
+    """Output and tolerance options shared by `compare` and `baseline check`."""
+    parser.add_argument("--format", choices=tuple(RENDERERS), default="text")
+    parser.add_argument("--out", help="write the result to FILE instead of stdout")
+    parser.add_argument("--rel", action="append", default=[], metavar="METRIC=X",
+                        help="relative threshold for a metric, e.g. peak=0.05")
+    parser.add_argument("--abs", action="append", default=[], metavar="METRIC=SIZE",
+                        help="absolute noise floor for a metric, e.g. 'peak=8 MiB'")
+
+
+def _runs(least: int):
+    """An argparse type: a whole number of runs, at least `least`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected a whole number of runs >= {least}, "
+                                             f"got {text!r}")
+        return value
+    return parse
 
 
 def _seconds(text: str) -> float:
@@ -203,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _terminate) if in_main else None
     try:
         return args.handler(args, console)
-    except (ScenarioError, ReportError) as exc:
+    except BAD_INPUT as exc:
         errors.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 2
     except KeyboardInterrupt:

@@ -20,6 +20,8 @@ import gc
 
 import pytest
 
+from harness.units import format_bytes
+
 BOUNDS = ("peak", "retained", "leak_rate")
 
 
@@ -27,7 +29,7 @@ class KVProbe:
     """The harness probe around one test call; `checkpoint()` marks a quiescent point."""
 
     def __init__(self) -> None:
-        from harness.probe import Probe
+        from harness.run.probe import Probe
 
         self._probe = Probe(capacity=64)
         self.before = 0
@@ -63,7 +65,7 @@ class KVProbe:
     def leak_rate(self, warmup: int) -> int:
         """Bytes per checkpoint, or 0 when memory at rest does not keep rising."""
         from harness import detect
-        from harness.probe import to_frame
+        from harness.run.probe import to_frame
         from harness.scenario import LeakThresholds
 
         at_rest = to_frame(self._probe.rows()[:-1])      # the start and the checkpoints
@@ -72,13 +74,11 @@ class KVProbe:
 
 
 def _bytes(value: int) -> str:
-    from harness.formats import format_bytes
-
     return f"{format_bytes(value)} ({value:,} B)"
 
 
 def _bounds(marker: pytest.Mark) -> tuple[dict[str, int], int]:
-    from harness.scenario import parse_size
+    from harness.units import parse_size
 
     if marker.args:
         pytest.fail("kv_limit takes keyword bounds only, e.g. kv_limit(peak='64 MiB')", pytrace=False)

@@ -10,13 +10,10 @@ import fcntl
 import json
 import os
 import shutil
-import platform
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
 
 import matplotlib
 
@@ -24,67 +21,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
-import mlx.core as mx  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from .detect import Finding  # noqa: E402
+from .summary_io import UMASK, atomic_write  # noqa: E402
 
-SCHEMA = 1
 LOCK_NAME = ".kvmem.lock"
-_UMASK = os.umask(0)
-os.umask(_UMASK)
 SERIES_POINTS = 64
 PLOT_POINTS = 4000
 FINDING_STYLE = {"spike": ("v", "tab:red"), "growth": ("^", "tab:orange"),
                  "leak": ("o", "tab:purple"), "retained": ("s", "tab:brown"),
                  "host_memory": ("D", "tab:pink")}
-
-
-def backend() -> str:
-    """Which MLX backend produced the figures: cpu, metal or cuda."""
-    if mx.default_device().type == mx.DeviceType.cpu:
-        return "cpu"
-    if mx.metal.is_available():
-        return "metal"
-    return "cuda"
-
-
-def environment() -> dict:
-    import importlib.metadata as md
-
-    try:
-        revision = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
-        ).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        revision = None
-    return {
-        "backend": backend(),
-        "mlx": md.version("mlx"),
-        "mlx_lm": md.version("mlx-lm"),
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "platform": platform.platform(),
-        "git_revision": revision,
-    }
-
-
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Call `write` on a temporary file beside `path`, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.chmod(tmp, 0o666 & ~_UMASK)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
 def series(frame: pd.DataFrame, points: int = SERIES_POINTS) -> list[int]:
@@ -206,7 +153,7 @@ def write_variant(out: Path, frame: pd.DataFrame, summary: dict,
                      f"({summary['environment']['backend']})")
             plot_variant(frame, findings, title, staging / "memory.png")
         (staging / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        os.chmod(staging, 0o777 & ~_UMASK)
+        os.chmod(staging, 0o777 & ~UMASK)
         _swap_into_place(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

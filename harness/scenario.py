@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -30,36 +29,8 @@ from pydantic import (
 from . import geometry as geo
 from .components import Binding, check as check_components
 from .metrics import METRICS
+from .units import Size
 
-_UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
-          "KB": 10**3, "MB": 10**6, "GB": 10**9}
-_SIZE = re.compile(r"^\s*(-?[0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$", re.ASCII)
-# Sizes stay exact as floats (detectors and the gate compute with them): 2**53 B is 8 PiB.
-MAX_SIZE = 2**53
-
-
-def parse_size(value: Any) -> int:
-    """Bytes from an integer or a string such as `512 MiB`; negative sizes are rejected."""
-    if isinstance(value, bool):
-        raise ValueError("expected a size in bytes, such as 4096 or '512 MiB'")
-    if isinstance(value, int):
-        number = value
-    elif isinstance(value, str) and len(value) <= 64 and (match := _SIZE.match(value)):
-        unit = match.group(2).upper()
-        if unit not in _UNITS:
-            raise ValueError(f"unknown unit {match.group(2)!r}: expected B, KiB, MiB, GiB or TiB")
-        # Exact arithmetic: a float would turn 40 digits into inf (OverflowError) or round.
-        number = int(Fraction(match.group(1)) * _UNITS[unit])
-    else:
-        raise ValueError("expected a size in bytes, such as 4096 or '512 MiB'")
-    if number < 0:
-        raise ValueError("expected a size of zero or more bytes")
-    if number > MAX_SIZE:
-        raise ValueError("expected a size of at most 8 PiB (2**53 bytes)")
-    return number
-
-
-Size = Annotated[int, BeforeValidator(parse_size)]
 
 
 def _tagged(**members: Any) -> Any:
@@ -317,16 +288,20 @@ class ScenarioSpec(_Strict):
 
 
 @dataclass(frozen=True)
-class Scenario:
-    """One runnable variant of a scenario file."""
+class Variant:
+    """One runnable variant of a scenario file: its name and its fully merged spec."""
 
     path: Path
-    variant: str
+    name: str
     spec: ScenarioSpec
 
     @property
-    def name(self) -> str:
+    def scenario(self) -> str:
         return self.spec.name
+
+    @property
+    def label(self) -> str:
+        return f"{self.scenario}/{self.name}"
 
 
 class ScenarioError(ValueError):
@@ -490,7 +465,7 @@ def _read_yaml(path: Path) -> Any:
         raise ScenarioError(f"{path}: invalid YAML: nested too deeply") from None
 
 
-def load(path: str | Path, variants: list[str] | None = None) -> list[Scenario]:
+def load_variants(path: str | Path, variants: list[str] | None = None) -> list[Variant]:
     """Every variant of a scenario file (or those named), validated.
 
     Any bad input, from bytes that are not UTF-8 to a field out of range, raises ScenarioError
@@ -505,7 +480,7 @@ def load(path: str | Path, variants: list[str] | None = None) -> list[Scenario]:
         raise ScenarioError(_printable(f"{path}: nested too deeply")) from None
 
 
-def _load(path: Path, variants: list[str] | None) -> list[Scenario]:
+def _load(path: Path, variants: list[str] | None) -> list[Variant]:
     raw = _read_yaml(path)
     if not isinstance(raw, dict):
         raise ScenarioError(f"{path}: (top level): expected a mapping of scenario fields")
@@ -542,7 +517,7 @@ def _load(path: Path, variants: list[str] | None) -> list[Scenario]:
             spec = _validate(_merge(raw, override or {}))
         except ScenarioError as exc:
             raise ScenarioError(f"{path}: {where}{exc}") from None
-        scenarios.append(Scenario(path=path, variant=name, spec=spec))
+        scenarios.append(Variant(path=path, name=name, spec=spec))
         bindings += _bindings(spec, where)
     # Every component of every variant resolved and its options bound, so a typo fails before
     # any run; user code is imported once per file, in a child (see components.check).

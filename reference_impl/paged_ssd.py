@@ -40,7 +40,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from harness.geometry import KIND_FULL, Geometry
 from harness.protocols import LayerCache, join_ranges, state_range
-from harness.scenario import parse_size
+from harness.units import parse_size
 
 HOT_STORAGE = ("raw_bytes", "arrays")
 SNAPSHOTS = ("off", "leak", "release")

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from harness import detect
-from harness.probe import Probe, to_frame
-from harness.runner import Engine
+from harness.run.probe import Probe, to_frame
+from harness.run.engine import Engine
 from harness.scenario import ScenarioSpec
 
 SMALL_MODEL = {"dtype": "float16", "vocab": 1024,

@@ -16,9 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import harness.cli
-from harness import compare, components, metrics
+from harness import components, metrics
+from harness.gate import compare
 from harness.cli import main
-from harness.scenario import ScenarioError, load
+from harness.scenario import ScenarioError, load_variants as load
 
 CORPUS = Path(__file__).parent / "data" / "bad_scenarios"
 EXPECTED = json.loads((CORPUS / "EXPECTED.json").read_text(encoding="utf-8"))
@@ -91,17 +92,17 @@ def test_run_over_the_whole_corpus_stops_at_the_first_bad_file(tmp_path, capsys)
 
 
 @pytest.mark.parametrize("text, check", [
-    ("name: qwen3_8b_growth\nworkload: {requests: [{prompt: 16}]}\n", lambda s: s[0].name == "qwen3_8b_growth"),
-    ("name: trim-slice\nworkload: {requests: [{prompt: 16}]}\n", lambda s: s[0].name == "trim-slice"),
-    ("name: q8.threshold\nworkload: {requests: [{prompt: 16}]}\n", lambda s: s[0].name == "q8.threshold"),
-    ("name: größe_ü\nworkload: {requests: [{prompt: 16}]}\n", lambda s: s[0].name == "größe_ü"),
-    (f"name: {'n' * 100}\nworkload: {{requests: [{{prompt: 16}}]}}\n", lambda s: len(s[0].name) == 100),
+    ("name: qwen3_8b_growth\nworkload: {requests: [{prompt: 16}]}\n", lambda s: s[0].scenario == "qwen3_8b_growth"),
+    ("name: trim-slice\nworkload: {requests: [{prompt: 16}]}\n", lambda s: s[0].scenario == "trim-slice"),
+    ("name: q8.threshold\nworkload: {requests: [{prompt: 16}]}\n", lambda s: s[0].scenario == "q8.threshold"),
+    ("name: größe_ü\nworkload: {requests: [{prompt: 16}]}\n", lambda s: s[0].scenario == "größe_ü"),
+    (f"name: {'n' * 100}\nworkload: {{requests: [{{prompt: 16}}]}}\n", lambda s: len(s[0].scenario) == 100),
     ("workload: {requests: [{prompt: 2147483647, decode: 0, repeat: 1}]}\nsampling: {seed: 4294967295}\n",
      lambda s: s[0].spec.sampling.seed == 2**32 - 1),
-    ("workload: {requests: [{prompt: 16}]}\nvariants: {}\n", lambda s: [v.variant for v in s] == ["default"]),
-    ("workload: {requests: [{prompt: 16}]}\nvariants:\n", lambda s: [v.variant for v in s] == ["default"]),
+    ("workload: {requests: [{prompt: 16}]}\nvariants: {}\n", lambda s: [v.name for v in s] == ["default"]),
+    ("workload: {requests: [{prompt: 16}]}\nvariants:\n", lambda s: [v.name for v in s] == ["default"]),
     ("workload: {requests: [{prompt: 16}]}\nvariants: {q8.threshold: {}, trim-slice: ~}\n",
-     lambda s: [v.variant for v in s] == ["q8.threshold", "trim-slice"]),
+     lambda s: [v.name for v in s] == ["q8.threshold", "trim-slice"]),
     ("workload: {requests: [{prompt: 16}]}\ndetect: {spike: {min_ratio: 2, min_bytes: 1.5 KiB}}\n",
      lambda s: s[0].spec.detect.spike.min_ratio == 2.0 and s[0].spec.detect.spike.min_bytes == 1536),
     ("workload: {requests: [{prompt: 16}]}\nexpect: {peak: 8 PiB}\n".replace("8 PiB", str(2**53)),
@@ -139,20 +140,20 @@ BAD_SUMMARIES = {
     "utf16": (json.dumps(summary()).encode("utf-16"), "not UTF-8 text"),
     "empty": (b"", "corrupt JSON"),
     "truncated": (json.dumps(summary()).encode()[:-5], "corrupt JSON"),
-    "deep": (b"[" * 100_000 + b"]" * 100_000, "not a valid summary: JSON nested too deeply"),
+    "deep": (b"[" * 100_000 + b"]" * 100_000, "not a valid summary (JSON nested too deeply)"),
     "deep_object": (b'{"a":' * 100_000 + b"1" + b"}" * 100_000, "JSON nested too deeply"),
-    "nan_peak": (b'{"scenario": "s", "variant": "v", "status": "ok", "metrics": {"peak": [NaN]}}',
-                 "metrics.peak: expected a number"),
-    "object_a1": (b'{"a": 1}', "scenario: expected text (missing)"),
-    "list": (b"[1]", "(top level): expected a JSON object"),
-    "string": (b'"summary"', "(top level): expected a JSON object"),
-    "no_scenario": (summary(scenario=...), "scenario: expected text"),
-    "no_variant": (summary(variant=...), "variant: expected text"),
-    "no_status": (summary(status=...), "status: expected text"),
-    "no_metrics": (summary(metrics=...), "metrics: expected an object (missing)"),
-    "scenario_number": (summary(scenario=5), "scenario: expected text"),
-    "metrics_list": (summary(metrics=[1]), "metrics: expected an object"),
-    "peak_text": (summary(metrics={"peak": "big"}), "metrics.peak: expected a number"),
+    "nan_peak": (b'{"schema": 1, "scenario": "s", "variant": "v", "status": "ok", "metrics": {"peak": NaN}}',
+                 "metrics.peak: expected a finite number, got NaN"),
+    "object_a1": (b'{"a": 1}', "unsupported summary schema null, expected 1"),
+    "list": (b"[1]", "not a valid summary (expected a JSON object)"),
+    "string": (b'"summary"', "not a valid summary (expected a JSON object)"),
+    "no_scenario": (summary(scenario=...), "missing or non-string 'scenario'"),
+    "no_variant": (summary(variant=...), "missing or non-string 'variant'"),
+    "no_status": (summary(status=...), "missing or non-string 'status'"),
+    "no_metrics": (summary(metrics=...), "no 'metrics' object"),
+    "scenario_number": (summary(scenario=5), "missing or non-string 'scenario'"),
+    "metrics_list": (summary(metrics=[1]), "no 'metrics' object"),
+    "peak_text": (summary(metrics={"peak": "big"}), 'metrics.peak: expected a finite number, got "big"'),
     "findings_dict": (summary(findings={}), "findings: expected a list"),
     "finding_no_kind": (summary(findings=[{"message": "m"}]), "findings.0.kind: expected text"),
     "expectation_no_ok": (summary(expectations=[{"name": "peak"}]), "expectations.0.ok"),

@@ -120,8 +120,8 @@ def test_update_then_check_runs_the_suite(tmp_path, capsys, monkeypatch):
 def test_committed_baselines_are_valid_and_where_update_puts_them():
     from pathlib import Path
 
-    from harness.baseline import baseline_path
-    from harness.compare import load
+    from harness.gate.baseline import baseline_path
+    from harness.summary_io import load_summaries as load
 
     root = Path(__file__).resolve().parents[1] / "baselines"
     summaries = load(root)

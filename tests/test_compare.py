@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import xml.etree.ElementTree as ET
 
 import pytest
 
-from harness import compare as cmp
-from harness.formats import COMMENT_LIMIT, MARKER, format_bytes, render_markdown, sparkline
+from harness.cli import main
+from harness.gate import compare as cmp
+from harness.summary_io import Noise, Summary, load_summaries
+from harness.gate.render import COMMENT_LIMIT, MARKER, render_markdown, sparkline
+from harness.units import format_bytes
 from tests.summaries import TRIM_SCENARIO, MiB, summary, write
 
 
 def run(argv: list[str], capsys) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser(prog="harness")
-    cmp.add_parser(parser.add_subparsers())
-    args = parser.parse_args(["compare", *argv])
-    code = args.handler(args, None)
+    code = main(["compare", *argv])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -32,8 +31,8 @@ def suites(tmp_path, base: list[dict], head: list[dict]) -> tuple[str, str]:
 
 def pair(base: dict, head: dict) -> cmp.Comparison:
     from pathlib import Path
-    return cmp.compare([cmp.Summary(Path("base.json"), base)],
-                       [cmp.Summary(Path("head.json"), head)])
+    return cmp.compare([Summary(Path("base.json"), base)],
+                       [Summary(Path("head.json"), head)])
 
 
 def verdicts(comparison: cmp.Comparison) -> dict[str, str]:
@@ -132,10 +131,10 @@ def test_mlx_version_mismatch_is_said():
     ("{not json", "not a valid summary (corrupt JSON"),
     ("[1, 2]", "not a valid summary (expected a JSON object)"),
     ('{"schema": 7}', "unsupported summary schema 7, expected 1"),
-    ('{"schema": 1, "scenario": "s", "variant": "v", "status": "ok"}', "status ok but no 'metrics'"),
+    ('{"schema": 1, "scenario": "s", "variant": "v", "status": "ok"}', "no 'metrics' object"),
     (b"\xff\xfe\x00", "not a valid summary"),
     ("1" * 5000, "not a valid summary (corrupt JSON: Exceeds the limit"),
-    ("[" * 100_000 + "]" * 100_000, "not a valid summary (corrupt JSON: maximum recursion depth"),
+    ("[" * 100_000 + "]" * 100_000, "not a valid summary (JSON nested too deeply"),
 ])
 def test_corrupt_summary_is_a_clear_error(tmp_path, capsys, content, message):
     base, head = suites(tmp_path, [summary("s", "v")], [summary("s", "v")])
@@ -208,9 +207,9 @@ def test_format_bytes():
 
 def test_comment_for_many_changed_rows_stays_under_the_cap():
     from pathlib import Path
-    base = [cmp.Summary(Path(f"b{i}"), summary(f"scenario_{i:03d}", "variant_with_a_long_name"))
+    base = [Summary(Path(f"b{i}"), summary(f"scenario_{i:03d}", "variant_with_a_long_name"))
             for i in range(400)]
-    head = [cmp.Summary(Path(f"h{i}"), summary(
+    head = [Summary(Path(f"h{i}"), summary(
         f"scenario_{i:03d}", "variant_with_a_long_name", peak=50 * MiB, steady=9 * MiB,
         final=2 * MiB, retained=1 * MiB, leak_rate=4096, largest_spike=9 * MiB,
         rss_peak=900 * MiB, overhead_ratio=2.0)) for i in range(400)]
@@ -225,7 +224,7 @@ def test_comment_for_many_changed_rows_stays_under_the_cap():
 
 def test_a_first_run_lists_new_variants_in_one_short_line():
     from pathlib import Path
-    head = [cmp.Summary(Path(f"h{i}"), summary(f"s{i:02d}", "v")) for i in range(30)]
+    head = [Summary(Path(f"h{i}"), summary(f"s{i:02d}", "v")) for i in range(30)]
     text = render_markdown(cmp.compare([], head))
     assert text.splitlines()[1:4] == ["### ⚠️ kvmem: nothing compared; 30 new", "",
                                       "> ⚠️ the base has no summaries: every variant is new"]
@@ -265,8 +264,8 @@ def trim_runs(tmp_path_factory):
 
     from rich.console import Console
 
-    from harness.scenario import load
-    from harness.suite import run_variants
+    from harness.scenario import load_variants as load
+    from harness.run.suite import run_variants
 
     root = tmp_path_factory.mktemp("gate")
     fixed, buggy = root / "trim.yaml", root / "trim_bug.yaml"
@@ -315,7 +314,7 @@ def test_a_run_compared_with_itself_says_no_change(trim_runs, capsys):
 
 def test_ten_runs_compared_pairwise_raise_no_regression(trim_runs, capsys):
     runs, _ = trim_runs
-    loaded = [cmp.load(run)[0] for run in runs]
+    loaded = [load_summaries(run)[0] for run in runs]
     for metric in ("steady", "final", "retained", "leak_rate"):       # exact on one backend
         assert len({s.metric(metric) for s in loaded}) == 1, metric
     peaks = [s.metric("peak") for s in loaded]
@@ -376,8 +375,8 @@ def test_measured_spread_widens_the_peak_floor_by_half_again():
     peak = lambda head: next(d for d in pair(base, head).entries[0].deltas if d.metric == "peak")
     low = peak(summary("s", "v", peak=304 * MiB))
     assert (low.verdict, low.tolerance.abs) == ("unchanged", 12 * MiB)
-    assert low.tolerance.noise == cmp.Noise(8 * MiB, 5)
-    assert (low.base_noise, low.head_noise) == (cmp.Noise(8 * MiB, 5), None)
+    assert low.tolerance.noise == Noise(8 * MiB, 5)
+    assert (low.base_noise, low.head_noise) == (Noise(8 * MiB, 5), None)
     assert peak(summary("s", "v", peak=324 * MiB)).verdict == "unchanged"
     assert peak(summary("s", "v", peak=324 * MiB + 1)).verdict == "regression"
     assert peak(summary("s", "v", peak=300 * MiB - 1)).verdict == "improvement"
@@ -392,7 +391,7 @@ def test_the_wider_side_and_the_configured_floor_win():
     head = noisy(summary("s", "v", peak=100 * MiB, largest_spike=20 * MiB, compare={
         "largest_spike": {"abs": "16 MiB"}}), runs=3, peak=4 * MiB)
     deltas = {d.metric: d for d in pair(base, head).entries[0].deltas}
-    assert deltas["peak"].tolerance == cmp.Tolerance(0.0, 6 * MiB, cmp.Noise(4 * MiB, 3))
+    assert deltas["peak"].tolerance == cmp.Tolerance(0.0, 6 * MiB, Noise(4 * MiB, 3))
     assert deltas["largest_spike"].tolerance == cmp.Tolerance(0.0, 16 * MiB)   # 9 < 16 MiB
     assert deltas["steady"].tolerance == cmp.Tolerance(0.0, 256)                # exact: never
 
@@ -463,7 +462,7 @@ def _bad_input(tmp_path, capsys, data: dict) -> tuple[str, str]:
     ({**summary("s", "v"), "metrics": {"wall_s": 0.1, "estimate": 1}},
      "status ok but metrics lack peak, "),
     ({k: v for k, v in summary("s", "v").items() if k != "metrics"},
-     "status ok but no 'metrics' object)"),
+     "no 'metrics' object)"),
     ({**summary("s", "v"), "environment": ["cpu"]}, "'environment' is not an object)"),
     ({**summary("s", "v"), "noise": {"runs": "5"}},
      'noise.runs: expected a count of runs, got "5")'),
@@ -516,7 +515,7 @@ def test_temporary_and_staged_files_are_never_read(tmp_path, capsys):
     (baselines / ".v.json.q8w7e6.json").write_text("{")
     code, out, _ = run([str(tmp_path / "baselines"), head], capsys)
     assert (code, out) == (0, "✅ kvmem: no change (1 variant compared)\n")
-    assert [s.path.name for s in cmp.load(tmp_path / "baselines")] == ["v.json"]
+    assert [s.path.name for s in load_summaries(tmp_path / "baselines")] == ["v.json"]
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -8,7 +8,7 @@ import json
 from rich.console import Console
 
 from harness.cli import main
-from harness.noise import block, combine, table, warnings
+from harness.gate.noise import block, combine, table, warnings
 from tests.summaries import MiB, summary
 
 # One layer, one short request: a run takes about a second, most of it the child's imports.
@@ -80,12 +80,12 @@ def test_noise_then_baseline_update_then_compare(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "kvmem run-to-run noise" in out and "identical" in out
-    assert "record them with `kvmem baseline update --from reports/noise`" in out
-    files = sorted(p.relative_to(tmp_path / "reports" / "noise").as_posix()
-                   for p in (tmp_path / "reports" / "noise").rglob("*")
+    assert "record them with `kvmem baseline update --from reports-noise`" in out
+    files = sorted(p.relative_to(tmp_path / "reports-noise").as_posix()
+                   for p in (tmp_path / "reports-noise").rglob("*")
                    if p.is_file() and not p.name.startswith("."))
     assert files == ["tiny/only/memory.png", "tiny/only/samples.csv", "tiny/only/summary.json"]
-    report = json.loads((tmp_path / "reports/noise/tiny/only/summary.json").read_text())
+    report = json.loads((tmp_path / "reports-noise/tiny/only/summary.json").read_text())
     noise = report["noise"]
     assert (noise["runs"], noise["nondeterministic"], noise["passed"]) == (2, {}, 2)
     peaks = noise["peak"]["values"]
@@ -94,7 +94,7 @@ def test_noise_then_baseline_update_then_compare(tmp_path, capsys, monkeypatch):
                              "spread": max(peaks) - min(peaks), "values": peaks}
     assert len(noise["largest_spike"]["values"]) == 2
 
-    code = main(["baseline", "update", "--from", "reports/noise"])
+    code = main(["baseline", "update", "--from", "reports-noise"])
     assert (code, capsys.readouterr().out) == (0, "wrote baselines/cpu/tiny/only.json\n")
     stored = json.loads((tmp_path / "baselines/cpu/tiny/only.json").read_text())
     assert stored["noise"] == noise

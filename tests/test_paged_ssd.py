@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from harness.geometry import build
-from harness.kv import RecurrentState
+from harness.run.recurrent import RecurrentState
 from harness.scenario import WorkloadSpec
 from reference_impl import paged_ssd
 from reference_impl.paged_ssd import PagedSSDStore, read_block, restore_layer

@@ -10,7 +10,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models import cache as mlx_cache
 
 from harness.geometry import build
-from harness.kv import RecurrentState
+from harness.run.recurrent import RecurrentState
 from harness.protocols import (LayerCache, Session, SessionBase, Store, StoreBase, TokenRanged,
                                Trimmable, join_ranges, state_range)
 from reference_impl.chat import ChatSession

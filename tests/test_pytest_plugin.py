@@ -7,7 +7,7 @@ import importlib.metadata
 # Imported here so that each in-process pytester session finds them loaded (it drops modules
 # first imported inside it).
 import harness.detect  # noqa: F401
-import harness.formats  # noqa: F401
+import harness.gate.render  # noqa: F401
 import mlx_lm.models.cache  # noqa: F401
 
 pytest_plugins = ["pytester"]

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.cli import main
-from harness.scenario import ScenarioError, load, parse_size
+from harness.scenario import ScenarioError, load_variants as load
+from harness.units import parse_size
 
 VALID = """
 model: qwen3-8b
@@ -41,13 +42,13 @@ variants:
   big: {cache: {layer: {options: {max_size: 128}}}, expect: {peak: 1 GiB}}
 """, name="my_scenario.yaml")
     small, big = load(path)
-    assert small.name == big.name == "my_scenario"
-    assert (small.variant, big.variant) == ("small", "big")
+    assert small.scenario == big.scenario == "my_scenario"
+    assert (small.name, big.name) == ("small", "big")
     assert small.spec.cache.layer.options == {"max_size": 64}
     assert big.spec.cache.layer.component == "mlx_lm.RotatingKVCache"
     assert big.spec.cache.layer.options == {"max_size": 128}
     assert big.spec.expect.peak == 2**30 and small.spec.expect.peak is None
-    assert [s.variant for s in load(path, ["big"])] == ["big"]
+    assert [s.name for s in load(path, ["big"])] == ["big"]
 
 
 def test_presets_can_be_cut_to_their_first_layers(tmp_path):

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.isolation import estimate_bytes
-from harness.scenario import ScenarioSpec, load
+from harness.run.isolation import estimate_bytes
+from harness.scenario import ScenarioSpec, load_variants as load
 from tests.conftest import kinds_and_failures
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.isolation import execute
-from harness.report import environment
-from harness.scenario import ScenarioSpec, load
-from harness.suite import summarize
+from harness.run.isolation import execute
+from harness.summary_io import environment
+from harness.scenario import ScenarioSpec, load_variants as load
+from harness.run.suite import summarize
 from tests.conftest import kinds_and_failures
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from harness.formats import MARKER
+from harness.gate.render import MARKER
 
 WORKFLOWS = Path(__file__).resolve().parents[1] / ".github" / "workflows"
 FILES = ("memory-pr.yml", "memory-comment.yml", "memory-nightly.yml")

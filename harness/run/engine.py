@@ -14,12 +14,13 @@ from typing import Any, Callable
 import mlx.core as mx
 import numpy as np
 
-from .components import resolve
-from .geometry import KIND_RECURRENT, KIND_SLIDING, Geometry
-from .kv import RecurrentState, SyntheticKV
+from ..components import resolve
+from ..geometry import KIND_RECURRENT, KIND_SLIDING, Geometry
+from .recurrent import RecurrentState
+from .synthetic import SyntheticKV
 from .probe import Probe, release_freed_heap
-from .protocols import LayerCache, Session, Store
-from .scenario import ScenarioSpec, WorkloadSpec
+from ..protocols import LayerCache, Session, Store
+from ..scenario import ScenarioSpec, WorkloadSpec
 
 
 def request_plan(workload: WorkloadSpec, vocab: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:

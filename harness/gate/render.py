@@ -10,8 +10,11 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 
-from harness.compare import (COMPARED, FAILED, INCOMPARABLE, METRICS, NEW, REMOVED, Comparison,
-                             Entry, MetricDelta, Noise, Tolerance)
+from ..metrics import METRICS
+from ..summary_io import Noise
+from ..units import format_bytes
+from .compare import (COMPARED, FAILED, INCOMPARABLE, NEW, REMOVED, Comparison, Entry,
+                      MetricDelta, Tolerance)
 
 MARKER = "<!-- kvmem-memory-delta -->"
 COMMENT_LIMIT = 50_000
@@ -19,18 +22,6 @@ ICONS = {"regression": "🔴", "improvement": "🟢", "unchanged": "⚪"}
 STATE_TITLES = {NEW: "🆕 New", REMOVED: "🗑️ Removed", FAILED: "💥 Failed",
                 INCOMPARABLE: "⛔ Not compared"}
 BLOCKS = "▁▂▃▄▅▆▇█"
-
-
-def format_bytes(value: float, signed: bool = False) -> str:
-    """`7.81 MiB`, `-512 B`; three significant digits above 1 KiB."""
-    sign = ("+" if value > 0 else "-" if value < 0 else "±") if signed else ("-" if value < 0 else "")
-    size = abs(value)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            break
-        size /= 1024
-    text = f"{size:.0f}" if unit == "B" else f"{size:.3g}" if size < 100 else f"{size:.0f}"
-    return f"{sign}{text} {unit}"
 
 
 def format_value(metric: str, value: float, signed: bool = False) -> str:

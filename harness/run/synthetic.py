@@ -1,6 +1,6 @@
-"""Synthetic K/V and the fixed-state cache of recurrent layers.
+"""Synthetic K/V: what a model's projections would feed the caches, without a model.
 
-The runner needs fresh K/V arrays every step in the geometry's shapes and dtype, as a model's
+The engine needs fresh K/V arrays every step in the geometry's shapes and dtype, as a model's
 projections would produce them, without drawing gigabytes of random numbers per run. A small
 seeded pool per layer shape is drawn once; each step gathers from it into new arrays.
 """
@@ -8,9 +8,8 @@ seeded pool per layer shape is drawn once; each step gathers from it into new ar
 from __future__ import annotations
 
 import mlx.core as mx
-from mlx_lm.models.cache import _BaseCache
 
-from .geometry import KIND_RECURRENT, LayerSpec
+from ..geometry import KIND_RECURRENT, LayerSpec
 
 POOL_TOKENS = 64
 
@@ -60,40 +59,3 @@ class SyntheticKV:
         if layer.kind == KIND_RECURRENT:
             return 4 * layer.batch * tokens
         return layer.token_bytes() * layer.batch * tokens
-
-
-class RecurrentState(_BaseCache):
-    """A recurrent layer's fixed-size state (GatedDeltaNet-like), replaced by every step.
-
-    Each update computes a new state from the old one, so a step holds two states for a moment,
-    as a real recurrent layer does; the bytes held never depend on the number of tokens.
-    """
-
-    def __init__(self, spec: LayerSpec):
-        self.value: mx.array | None = None
-        self.offset = 0
-        self._shape = (spec.batch, spec.state_bytes // 4)
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        if self.value is None:
-            self.value = mx.zeros(self._shape, dtype=mx.float32)
-        self.value = self.value * 0.5 + mx.mean(keys)
-        self.offset += keys.shape[2]
-        return self.value, self.value
-
-    @property
-    def state(self) -> tuple:
-        """The state (None before the first update), the tokens seen, and its shape."""
-        return (self.value, self.offset, *self._shape)
-
-    @state.setter
-    def state(self, v: tuple) -> None:
-        self.value, self.offset, *shape = v
-        self._shape = tuple(shape)
-
-    def empty(self) -> bool:
-        return self.value is None
-
-    @property
-    def nbytes(self) -> int:
-        return 0 if self.value is None else self.value.nbytes

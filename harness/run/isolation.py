@@ -26,11 +26,11 @@ from typing import Callable
 import numpy as np
 import psutil
 
-from .components import resolve
-from .kv import SyntheticKV
+from ..components import resolve
+from .synthetic import SyntheticKV
 from .probe import ROW, Probe
-from .runner import Engine
-from .scenario import Scenario, ScenarioSpec
+from .engine import Engine
+from ..scenario import ScenarioSpec, Variant
 
 RUNTIME_SLACK = 256 * 2**20  # interpreter, MLX and the sample rows
 DEFAULT_TIMEOUT = 1800.0  # seconds; a scenario or `--timeout` says otherwise
@@ -39,7 +39,7 @@ _PR_SET_PDEATHSIG = 1
 
 @dataclass
 class RunOutcome:
-    scenario: Scenario
+    variant: Variant
     status: str  # ok | failed | refused
     rows: np.ndarray
     error: str | None
@@ -93,7 +93,7 @@ def _die_with_parent(parent: int) -> None:
             os._exit(1)
 
 
-def _child(scenario: Scenario, pipe: Connection, last_step, parent: int) -> None:
+def _child(variant: Variant, pipe: Connection, last_step, parent: int) -> None:
     """Runs in the child: check the footprint, serve, and send back rows and the outcome.
 
     Ctrl-C reaches the whole process group; the parent decides what the child does about it.
@@ -104,13 +104,13 @@ def _child(scenario: Scenario, pipe: Connection, last_step, parent: int) -> None
     message: dict = {"error": None, "completed": False, "estimate": 0, "refused": None}
     engine = None
     try:
-        message["estimate"] = estimate = estimate_bytes(scenario.spec)
+        message["estimate"] = estimate = estimate_bytes(variant.spec)
         available = psutil.virtual_memory().available
         if estimate > available:
             message["refused"] = (f"estimated footprint {estimate / 2**30:.2f} GiB exceeds the "
                                   f"{available / 2**30:.2f} GiB available")
         else:
-            engine = Engine(scenario.spec, probe, lambda steps: setattr(last_step, "value", steps))
+            engine = Engine(variant.spec, probe, lambda steps: setattr(last_step, "value", steps))
             engine.serve()
             message["completed"] = True
     except BaseException as exc:  # SystemExit from a component is a failed run too
@@ -135,7 +135,7 @@ def _how(code: int | None) -> str:
     return f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
 
 
-def execute(scenario: Scenario, on_step: Callable[[int], None] | None = None,
+def execute(variant: Variant, on_step: Callable[[int], None] | None = None,
             timeout: float | None = None) -> RunOutcome:
     """Run one variant in a child process; never raises for what happens inside the child.
 
@@ -147,8 +147,8 @@ def execute(scenario: Scenario, on_step: Callable[[int], None] | None = None,
     context = mp.get_context("spawn")
     last_step = context.Value("q", 0, lock=False)
     receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(scenario, send, last_step, os.getpid()),
-                            name=f"kvmem {scenario.name}/{scenario.variant}", daemon=True)
+    child = context.Process(target=_child, args=(variant, send, last_step, os.getpid()),
+                            name=f"kvmem {variant.label}", daemon=True)
     start = time.perf_counter()
     message: dict | None = None
     timed_out = False
@@ -182,7 +182,7 @@ def execute(scenario: Scenario, on_step: Callable[[int], None] | None = None,
     rows = message.get("rows", np.zeros(0, dtype=ROW))
     estimate = message.get("estimate", 0)
     if message.get("refused"):
-        return RunOutcome(scenario, "refused", rows, message["refused"], None, 0, wall, estimate)
+        return RunOutcome(variant, "refused", rows, message["refused"], None, 0, wall, estimate)
     if timed_out:
         error = f"timed out after {timeout:g} s at step {steps}: the variant's process was killed"
     elif message.get("error"):
@@ -191,5 +191,5 @@ def execute(scenario: Scenario, on_step: Callable[[int], None] | None = None,
         error = (f"the variant's process {_how(code)} at step {steps} before completing its "
                  "workload")
     else:
-        return RunOutcome(scenario, "ok", rows, None, code, steps, wall, estimate)
-    return RunOutcome(scenario, "failed", rows, error, code, steps, wall, estimate)
+        return RunOutcome(variant, "ok", rows, None, code, steps, wall, estimate)
+    return RunOutcome(variant, "failed", rows, error, code, steps, wall, estimate)

@@ -13,37 +13,20 @@ so a value measured once inside the recorded range never fails a pull request.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import TypeGuard
 
-from harness.metrics import METRICS  # all lower-is-better
-from harness.report import SCHEMA, atomic_text
-from harness.scenario import MAX_SIZE, parse_size
+from ..metrics import METRICS  # all lower-is-better
+from ..summary_io import Noise, Summary
+from ..units import parse_size
 
 MiB = 1 << 20
 
-# Step-peak metrics move run to run on CPU, so their spread is measured; active-byte metrics are
-# exact and must be identical run to run.
-NOISY = ("peak", "largest_spike")
-EXACT = ("steady", "final", "retained", "leak_rate")
 # The spread of N runs is a lower bound of the noise's true range R, and base and head may each
 # lie anywhere in R. For noise spread evenly over R, N runs span (N-1)/(N+1) of it on average:
 # 2/3 for the default 5, so 1.5x the spread estimates R itself. (A rare value that no run hit
 # is not covered by any margin: record with more runs.)
 NOISE_MARGIN = 1.5
-
-
-@dataclass(frozen=True)
-class Noise:
-    """The run-to-run spread (max - min) of one metric over `runs` runs of a variant."""
-
-    spread: float
-    runs: int
 
 
 @dataclass(frozen=True)
@@ -80,7 +63,7 @@ DEFAULT_TOLERANCES: dict[str, Tolerance] = {
 }
 
 
-class CompareError(Exception):
+class CompareError(ValueError):
     """Bad input: an unreadable or malformed summary, or a bad option. Exit status 2."""
 
 
@@ -94,163 +77,6 @@ def size(value: int | str) -> int:
         return parse_size(value)
     except (ValueError, OverflowError, TypeError) as exc:
         raise CompareError(f"{value!r}: {exc}") from None
-
-
-def _finite(value: object) -> TypeGuard[float]:
-    """A JSON number a metric can hold: not a bool, not NaN or infinite, and within the sizes
-    that floats hold exactly (a 400-digit integer would overflow every rendering)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    return abs(value) <= MAX_SIZE if isinstance(value, int) else math.isfinite(value)
-
-
-@dataclass(frozen=True)
-class Summary:
-    """One variant's summary.json as loaded, with the file it came from."""
-
-    path: Path
-    data: dict
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return self.data["scenario"], self.data["variant"]
-
-    @property
-    def label(self) -> str:
-        return "/".join(self.key)
-
-    @property
-    def backend(self) -> str:
-        return self.environment.get("backend", "?")
-
-    @property
-    def environment(self) -> dict:
-        return self.data.get("environment") or {}
-
-    @property
-    def ok(self) -> bool:
-        return self.data.get("status") == "ok"
-
-    def metric(self, name: str) -> float | None:
-        value = (self.data.get("metrics") or {}).get(name)
-        return value if _finite(value) else None
-
-    def noise(self, name: str) -> Noise | None:
-        """The recorded run-to-run spread of a step-peak metric, from the `noise` block."""
-        block = self.data.get("noise")
-        if name not in NOISY or not isinstance(block, dict):
-            return None
-        if not isinstance(block.get(name), dict):
-            return None
-        return Noise(block[name]["spread"], block["runs"])
-
-
-def read_summary(path: Path) -> Summary:
-    """Load one summary, naming the file in every error."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise CompareError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except (ValueError, RecursionError) as exc:
-        # JSONDecodeError and UnicodeDecodeError are ValueErrors, and so is an integer of more
-        # than 4,300 digits; nesting deeper than the interpreter's stack is a RecursionError.
-        raise CompareError(f"{path}: not a valid summary (corrupt JSON: {exc})") from None
-    if not isinstance(data, dict):
-        raise CompareError(f"{path}: not a valid summary (expected a JSON object)")
-    if data.get("schema") != SCHEMA:
-        raise CompareError(f"{path}: unsupported summary schema {data.get('schema')!r}, "
-                           f"expected {SCHEMA}")
-    return checked(Summary(Path(path), data))
-
-
-def checked(summary: Summary) -> Summary:
-    """The summary, if it can be compared and recorded; bad input naming its file otherwise."""
-    problem = invalid(summary.data)
-    if problem:
-        raise CompareError(f"{summary.path}: not a valid summary ({problem})")
-    return summary
-
-
-def invalid(data: dict) -> str | None:
-    """Why a summary dict cannot be compared or recorded, or None.
-
-    A run that says ok must carry every compared metric as a finite number (overhead_ratio may
-    be null: no analytic minimum): a child that stopped early once wrote `metrics: {}`, and
-    comparing nothing with nothing read as "no change".
-    """
-    for name in ("scenario", "variant", "status"):
-        if not isinstance(data.get(name), str):
-            return f"missing or non-string '{name}'"
-    environment = data.get("environment")
-    if environment is not None and not isinstance(environment, dict):
-        return "'environment' is not an object"
-    if not isinstance((environment or {}).get("backend", "?"), str):
-        return "'environment.backend' is not a string"
-    if data["status"] != "ok":
-        return None
-    metrics = data.get("metrics")
-    if not isinstance(metrics, dict):
-        return "status ok but no 'metrics' object"
-    missing = [name for name in METRICS if name not in metrics]
-    if missing:
-        return f"status ok but metrics lack {', '.join(missing)}"
-    for name in METRICS:
-        value = metrics[name]
-        if not (_finite(value) or (name == "overhead_ratio" and value is None)):
-            return f"metrics.{name}: expected a finite number, got {_brief(value)}"
-    return _invalid_noise(data.get("noise"))
-
-
-def _brief(value: object) -> str:
-    """A JSON value as the file holds it, cut to fit an error line."""
-    if isinstance(value, int) and abs(value) >= 10**40:
-        return "a huge integer"  # json.dumps refuses more than 4,300 digits
-    text = json.dumps(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _invalid_noise(block: object) -> str | None:
-    """Why a `noise` block (see harness.noise) is malformed, or None when absent or sound."""
-    if block is None:
-        return None
-    if not isinstance(block, dict):
-        return "'noise' is not an object"
-    runs = block.get("runs")
-    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
-        return f"noise.runs: expected a count of runs, got {_brief(runs)}"
-    for name in NOISY:
-        entry = block.get(name)
-        if entry is None:
-            continue
-        spread = entry.get("spread") if isinstance(entry, dict) else None
-        if not _finite(spread) or spread < 0:
-            return f"noise.{name}.spread: expected a size of zero or more bytes"
-    return None
-
-
-def load(path: str | Path) -> list[Summary]:
-    """Summaries under `path`: a summary file, a report folder, or a baselines folder.
-
-    Folders are walked for `summary.json` files (report layout); a folder holding none is read
-    as a baselines folder, where every `*.json` is a summary.
-    """
-    path = Path(path)
-    if path.is_file():
-        return [read_summary(path)]
-    if not path.is_dir():
-        raise CompareError(f"{path}: no such file or folder")
-    files = _visible(path, "summary.json") or _visible(path, "*.json")
-    return [read_summary(f) for f in files]
-
-
-def _visible(root: Path, pattern: str) -> list[Path]:
-    """Files under `root` matching `pattern`, leaving out hidden names at any depth.
-
-    Atomic writes leave `.summary.json.<random>.json` files, and report folders are staged as
-    `.<variant>.new.<random>/`, when interrupted: half-written data, never a summary.
-    """
-    return sorted(f for f in root.rglob(pattern)
-                  if not any(part.startswith(".") for part in f.relative_to(root).parts))
 
 
 @dataclass(frozen=True)
@@ -369,7 +195,7 @@ def tolerances(head: Summary, rel: dict[str, float] | None = None,
 
 def _scenario_tolerance(current: Tolerance, spec: dict) -> Tolerance:
     spec_rel, spec_abs = spec.get("rel"), spec.get("abs")
-    return Tolerance(rel=current.rel if spec_rel is None else _fraction(spec_rel),
+    return Tolerance(rel=current.rel if spec_rel is None else fraction(spec_rel),
                      abs=current.abs if spec_abs is None else size(spec_abs))
 
 
@@ -469,18 +295,7 @@ def _environment_notes(base: list[Summary], head: list[Summary]) -> list[str]:
     return notes
 
 
-def _metric_values(pairs: list[str], flag: str, convert) -> dict[str, float]:
-    values = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or name not in METRICS:
-            raise CompareError(f"{flag} {pair}: expected METRIC=VALUE with METRIC among "
-                               f"{', '.join(METRICS)}")
-        values[name] = convert(value)
-    return values
-
-
-def _fraction(value: str | float) -> float:
+def fraction(value: str | float) -> float:
     """A relative threshold: a finite number of zero or more (`inf` would disable the gate)."""
     try:
         fraction = -1.0 if isinstance(value, bool) else float(value)
@@ -489,57 +304,3 @@ def _fraction(value: str | float) -> float:
     if not (math.isfinite(fraction) and fraction >= 0):
         raise CompareError(f"not a fraction: {value!r} (expected e.g. 0.05)")
     return fraction
-
-
-def add_options(parser: argparse.ArgumentParser) -> None:
-    """Output and tolerance options shared by `compare` and `baseline check`."""
-    parser.add_argument("--format", choices=("text", "markdown", "json", "junit"),
-                        default="text")
-    parser.add_argument("--out", help="write the result to FILE instead of stdout")
-    parser.add_argument("--rel", action="append", default=[], metavar="METRIC=X",
-                        help="relative threshold for a metric, e.g. peak=0.05")
-    parser.add_argument("--abs", action="append", default=[], metavar="METRIC=SIZE",
-                        help="absolute noise floor for a metric, e.g. 'peak=8 MiB'")
-
-
-def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "compare", help="compare run summaries of a base and a head; exit 1 on regression")
-    parser.add_argument("base", help="report folder, summary.json or baselines folder")
-    parser.add_argument("head", help="report folder, summary.json or baselines folder")
-    add_options(parser)
-    parser.set_defaults(handler=run_compare)
-
-
-def emit(comparison: Comparison, args: argparse.Namespace) -> int:
-    """Render in the requested format to --out (the verdict still goes to stdout) or stdout."""
-    from harness.formats import render, render_text  # formats imports this module
-
-    if args.out:
-        try:
-            atomic_text(Path(args.out), render(comparison, args.format))
-        except OSError as exc:
-            print(f"error: {args.out}: cannot write: {exc.strerror or exc}", file=sys.stderr)
-            return 2
-        sys.stdout.write(render_text(comparison))
-    else:
-        sys.stdout.write(render(comparison, args.format))
-    return comparison.exit_code
-
-
-def thresholds(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, float]]:
-    return (_metric_values(args.rel, "--rel", _fraction),
-            _metric_values(args.abs, "--abs", size))
-
-
-def run_compare(args: argparse.Namespace, console=None) -> int:
-    try:
-        rel, abs_ = thresholds(args)
-        base, head = load(args.base), load(args.head)
-        if not head:
-            raise CompareError(f"{args.head}: no summaries found")
-        comparison = compare(base, head, rel, abs_)
-    except CompareError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return emit(comparison, args)

@@ -12,19 +12,21 @@ from pathlib import Path
 import pandas as pd
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.markup import escape
 from rich.table import Table
 
-from . import detect, report
+from .. import detect, report, summary_io
 from .isolation import RunOutcome, execute
-from .noise import combine
+from ..gate.noise import combine
 from .probe import to_frame
-from .runner import planned_steps
-from .scenario import Scenario
+from .engine import planned_steps
+from ..scenario import Variant
+from ..units import mib
 
 
 def summarize(outcome: RunOutcome, environment: dict) -> tuple[pd.DataFrame, list, dict]:
     """Samples, findings and the summary dict of one executed variant."""
-    spec = outcome.scenario.spec
+    spec = outcome.variant.spec
     frame = to_frame(outcome.rows)
     findings, figures, expectations = [], {}, []
     if outcome.status == "ok" and not frame.empty:
@@ -34,10 +36,10 @@ def summarize(outcome: RunOutcome, environment: dict) -> tuple[pd.DataFrame, lis
     figures["wall_s"] = round(outcome.wall_s, 3)
     figures["estimate"] = outcome.estimate
     summary = {
-        "schema": report.SCHEMA,
+        "schema": summary_io.SCHEMA,
         "scenario": spec.name,
-        "variant": outcome.scenario.variant,
-        "scenario_file": str(outcome.scenario.path),
+        "variant": outcome.variant.name,
+        "scenario_file": str(outcome.variant.path),
         "description": spec.description,
         "status": outcome.status,
         "error": outcome.error,
@@ -55,7 +57,7 @@ def summarize(outcome: RunOutcome, environment: dict) -> tuple[pd.DataFrame, lis
     return frame, findings, summary
 
 
-def run_variants(scenarios: list[Scenario], out: Path, console: Console | None = None,
+def run_variants(variants: list[Variant], out: Path, console: Console | None = None,
                  timeout: float | None = None) -> list[dict]:
     """Execute each variant in its own process and write its report under out/scenario/variant.
 
@@ -64,17 +66,17 @@ def run_variants(scenarios: list[Scenario], out: Path, console: Console | None =
     overrides each scenario's own.
     """
     console = console or Console(stderr=True)
-    environment = report.environment()
+    environment = summary_io.environment()
     summaries: list[dict] = []
     frames: dict[str, dict[str, pd.DataFrame]] = {}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("steps"), TimeElapsedColumn())
     with report.reserve(out), Progress(*columns, console=console, transient=False) as progress:
-        for scenario in scenarios:
-            label = f"{scenario.name}/{scenario.variant}"
-            task = progress.add_task(label, total=planned_steps(scenario.spec))
-            outcome = execute(scenario, lambda n: progress.update(task, completed=n),
-                              timeout or scenario.spec.timeout)
+        for variant in variants:
+            label = variant.label
+            task = progress.add_task(label, total=planned_steps(variant.spec))
+            outcome = execute(variant, lambda n: progress.update(task, completed=n),
+                              timeout or variant.spec.timeout)
             progress.update(task, completed=outcome.last_step,
                             description=f"{label} [{outcome.status}]")
             if outcome.status == "ok":
@@ -82,16 +84,10 @@ def run_variants(scenarios: list[Scenario], out: Path, console: Console | None =
                 # finished run's bar ends full at the steps it took.
                 progress.update(task, total=outcome.last_step)
             frame, findings, summary = summarize(outcome, environment)
-            try:
-                report.write_variant(out / scenario.name / scenario.variant, frame, summary,
-                                     findings)
-            except OSError as exc:
-                summary.update(status="failed", passed=False,
-                               error=f"cannot write the report: {exc}")
+            if not _write(out / variant.scenario / variant.name, frame, summary, findings):
                 progress.update(task, description=f"{label} [failed: report not written]")
-            else:
-                if not frame.empty:  # a refused variant has no samples to draw
-                    frames.setdefault(scenario.name, {})[scenario.variant] = frame
+            elif not frame.empty:  # a refused variant has no samples to draw
+                frames.setdefault(variant.scenario, {})[variant.name] = frame
             summaries.append(summary)
         for name, by_variant in frames.items():
             if len(by_variant) > 1:
@@ -102,8 +98,14 @@ def run_variants(scenarios: list[Scenario], out: Path, console: Console | None =
     return summaries
 
 
-def _mib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**20:,.1f}"
+def _write(folder: Path, frame: pd.DataFrame, summary: dict, findings: list) -> bool:
+    """Write one variant's report; a write that fails fails the variant, with the reason."""
+    try:
+        report.write_variant(folder, frame, summary, findings)
+    except OSError as exc:
+        summary.update(status="failed", passed=False, error=f"cannot write the report: {exc}")
+        return False
+    return True
 
 
 def table(summaries: list[dict]) -> Table:
@@ -115,17 +117,21 @@ def table(summaries: list[dict]) -> Table:
                         no_wrap=column in ("scenario", "variant"))
     for s in summaries:
         m = s["metrics"]
-        found = ", ".join(f"{f['kind']}×{f['count']}" for f in s["findings"]) or "-"
-        failed = [e for e in s["expectations"] if not e["ok"]]
+        found = ", ".join(f"{f['kind']}×{f.get('count', '?')}" for f in s.get("findings", []))
+        failed = [e for e in s.get("expectations", []) if not e["ok"]]
         if s["status"] != "ok":
-            verdict = f"[red]{s['error'].splitlines()[0]}[/red]"
+            first = (s.get("error") or "").strip().splitlines()
+            verdict = f"[red]{escape(first[0] if first else s['status'])}[/red]"
         elif failed:
-            verdict = "[red]" + "; ".join(f"{e['name']}: expected {e['expected']}, got "
-                                          f"{e['actual']}" for e in failed) + "[/red]"
+            verdict = "[red]" + escape("; ".join(
+                f"{e.get('name')}: expected {e.get('expected')}, got {e.get('actual')}"
+                for e in failed)) + "[/red]"
         else:
-            verdict = f"[green]{len(s['expectations'])} ok[/green]"
-        grid.add_row(s["scenario"], s["variant"], s["status"], _mib(m.get("peak")),
-                     _mib(m.get("steady")), found, verdict)
+            verdict = f"[green]{len(s.get('expectations', []))} ok[/green]"
+        # Summaries may be hand-written: their text is shown as text, never as rich markup.
+        grid.add_row(escape(s["scenario"]), escape(s["variant"]), escape(s["status"]),
+                     mib(m.get("peak"), 1), mib(m.get("steady"), 1), escape(found) or "-",
+                     verdict)
     return grid
 
 
@@ -133,10 +139,10 @@ def exit_status(summaries: list[dict]) -> int:
     """0 every expectation held, 1 one failed, 2 a run could not complete."""
     if any(s["status"] != "ok" for s in summaries):
         return 2
-    return 0 if all(s["passed"] for s in summaries) else 1
+    return 0 if all(s.get("passed") for s in summaries) else 1
 
 
-def run_repeated(scenarios: list[Scenario], runs: int, out: Path,
+def run_repeated(variants: list[Variant], runs: int, out: Path,
                  console: Console | None = None) -> list[dict]:
     """Run every variant `runs` times; write each variant's median run under out/scenario/variant
     with the spread measured over all its runs (harness.noise.combine).
@@ -150,18 +156,14 @@ def run_repeated(scenarios: list[Scenario], runs: int, out: Path,
         rounds = []
         for index in range(runs):
             console.print(f"run {index + 1} of {runs}")
-            rounds.append(run_variants(scenarios, Path(tmp) / f"run{index}", console))
+            rounds.append(run_variants(variants, Path(tmp) / f"run{index}", console))
         summaries = []
         for variant_runs in zip(*rounds):
             chosen, summary = combine(list(variant_runs))
             where = Path(summary["scenario"]) / summary["variant"]
             frame = _samples(Path(tmp) / f"run{chosen}" / where)
             findings = [detect.Finding(**f) for f in summary["findings"]]
-            try:
-                report.write_variant(out / where, frame, summary, findings)
-            except OSError as exc:
-                summary.update(status="failed", passed=False,
-                               error=f"cannot write the report: {exc}")
+            _write(out / where, frame, summary, findings)
             summaries.append(summary)
     return summaries
 

@@ -3,7 +3,7 @@
 On CPU the step peak moves between identical runs (an MLX worker thread frees inputs
 asynchronously): mlx-lm's rotating `before` read 312.03 MiB in 11 of 12 runs and 304.05 MiB once,
 twice the gate's 4 MiB floor. A baseline recorded with its measured spread lets the gate widen
-its floor to that spread (harness.compare.NOISE_MARGIN). Active-byte metrics are exact: if they
+its floor to that spread (harness.gate.compare.NOISE_MARGIN). Active-byte metrics are exact: if they
 differ between runs, that is a real nondeterminism, said loudly and never absorbed.
 
 A variant's report is its median run (by peak), with a top-level `noise` block:
@@ -14,18 +14,15 @@ A variant's report is its median run (by peak), with a top-level `noise` block:
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.compare import EXACT, NOISY, invalid
-from harness.formats import format_bytes
+from ..metrics import EXACT, NOISY
+from ..summary_io import invalid
+from ..units import format_bytes, mib
 
 DEFAULT_RUNS = 5
-DEFAULT_OUT = "reports/noise"
+DEFAULT_OUT = "reports-noise"  # beside `kvmem run`'s reports, so a walk of one never finds both
 
 
 def _span(values: list[float]) -> dict:
@@ -82,10 +79,6 @@ def warnings(summaries: list[dict]) -> list[str]:
     return lines
 
 
-def _mib(value: float) -> str:
-    return f"{value / 2**20:,.2f}"
-
-
 def table(summaries: list[dict]) -> Table:
     """One row per variant: the median peak, the range and spread of peak and spike."""
     grid = Table(title="kvmem run-to-run noise")
@@ -106,51 +99,6 @@ def table(summaries: list[dict]) -> Table:
         result = ("[green]ok[/green]" if noise["passed"] == noise["runs"] else
                   f"[red]expectations held in {noise['passed']} of {noise['runs']}[/red]")
         grid.add_row(s["scenario"], s["variant"], str(noise["runs"]),
-                     _mib(s["metrics"]["peak"]), f"{_mib(peak['min'])}–{_mib(peak['max'])}",
+                     mib(s["metrics"]["peak"]), f"{mib(peak['min'])}–{mib(peak['max'])}",
                      format_bytes(peak["spread"]), format_bytes(spike["spread"]), exact, result)
     return grid
-
-
-def run_count(least: int):
-    """An argparse type: a whole number of runs, at least `least`."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = least - 1
-        if value < least:
-            raise argparse.ArgumentTypeError(f"expected a whole number of runs >= {least}, "
-                                             f"got {text!r}")
-        return value
-    return parse
-
-
-def run_noise(args: argparse.Namespace, console: Console) -> int:
-    """`kvmem noise`: exit 2 when a run did not complete, 1 when exact metrics differed or an
-    expectation failed in some run, else 0."""
-    from harness.scenario import ScenarioError, discover, load
-    from harness.suite import exit_status, run_repeated  # suite imports this module
-
-    scenarios = [s for path in discover(args.paths) for s in load(path, args.variant)]
-    if not scenarios:
-        raise ScenarioError(f"{', '.join(args.paths)}: no scenario files (*.yaml) found")
-    summaries = run_repeated(scenarios, args.runs, Path(args.out), console)
-    console.print(table(summaries))
-    found = warnings(summaries)
-    for line in found:
-        console.print(f"[bold red]warning:[/bold red] {escape(line)}", highlight=False)
-    console.print(f"reports written under {args.out}/ (the median run of each variant); record "
-                  f"them with `kvmem baseline update --from {args.out}`", highlight=False)
-    return max(exit_status(summaries), 1 if found else 0)
-
-
-def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "noise", help="run each variant N times and report the spread of peak and spike")
-    parser.add_argument("paths", nargs="+", help="scenario YAML files or folders of them")
-    parser.add_argument("--variant", action="append", help="run only this variant (repeatable)")
-    parser.add_argument("--runs", type=run_count(2), default=DEFAULT_RUNS, metavar="N",
-                        help=f"runs per variant (default: {DEFAULT_RUNS})")
-    parser.add_argument("--out", default=DEFAULT_OUT,
-                        help=f"report folder for the median runs (default: {DEFAULT_OUT})")
-    parser.set_defaults(handler=run_noise)

@@ -1,0 +1,60 @@
+"""Byte sizes: parsed from what people write (`512 MiB`) and formatted for what they read.
+
+Sizes stay exact as floats (detectors and the gate compute with them), so none may pass 2**53
+bytes (8 PiB).
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
+
+_UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
+          "KB": 10**3, "MB": 10**6, "GB": 10**9}
+_SIZE = re.compile(r"^\s*(-?[0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$", re.ASCII)
+MAX_SIZE = 2**53
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from an integer or a string such as `512 MiB`; negative sizes are rejected."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size in bytes, such as 4096 or '512 MiB'")
+    if isinstance(value, int):
+        number = value
+    elif isinstance(value, str) and len(value) <= 64 and (match := _SIZE.match(value)):
+        unit = match.group(2).upper()
+        if unit not in _UNITS:
+            raise ValueError(f"unknown unit {match.group(2)!r}: expected B, KiB, MiB, GiB or TiB")
+        # Exact arithmetic: a float would turn 40 digits into inf (OverflowError) or round.
+        number = int(Fraction(match.group(1)) * _UNITS[unit])
+    else:
+        raise ValueError("expected a size in bytes, such as 4096 or '512 MiB'")
+    if number < 0:
+        raise ValueError("expected a size of zero or more bytes")
+    if number > MAX_SIZE:
+        raise ValueError("expected a size of at most 8 PiB (2**53 bytes)")
+    return number
+
+
+Size = Annotated[int, BeforeValidator(parse_size)]
+
+
+def format_bytes(value: float, signed: bool = False) -> str:
+    """`7.81 MiB`, `-512 B`; three significant digits above 1 KiB."""
+    sign = ("+" if value > 0 else "-" if value < 0 else "±") if signed else ("-" if value < 0 else "")
+    size = abs(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            break
+        size /= 1024
+    text = f"{size:.0f}" if unit == "B" else f"{size:.3g}" if size < 100 else f"{size:.0f}"
+    return f"{sign}{text} {unit}"
+
+
+def mib(value: float | None, digits: int = 2) -> str:
+    """`1,234.56`: bytes in MiB with a fixed number of decimals, for columns headed MiB and
+    messages that name the unit; `-` for no value."""
+    return "-" if value is None else f"{value / 2**20:,.{digits}f}"
