@@ -64,13 +64,13 @@ class KVProbe:
 
     def leak_rate(self, warmup: int) -> int:
         """Bytes per checkpoint, or 0 when memory at rest does not keep rising."""
-        from harness import detect
+        from harness.detect import LeakThresholds, leak
         from harness.run.probe import to_frame
-        from harness.scenario import LeakThresholds
+        from harness.summary_io import backend
 
         at_rest = to_frame(self._probe.rows()[:-1])      # the start and the checkpoints
-        found = detect.leak(at_rest, LeakThresholds(warmup=warmup, min_bytes=1))
-        return found[0].bytes if found else 0
+        found = leak(at_rest, LeakThresholds(warmup=warmup, min_bytes=1), backend())
+        return found.bytes if found else 0
 
 
 def _bytes(value: int) -> str:

@@ -18,20 +18,19 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.axes import Axes  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
-from .detect import Finding  # noqa: E402
-from .summary_io import UMASK, atomic_write  # noqa: E402
+from .detect import DETECTORS, Finding, Marker
+from .summary_io import UMASK, atomic_write
 
 LOCK_NAME = ".kvmem.lock"
 SERIES_POINTS = 64
 PLOT_POINTS = 4000
-FINDING_STYLE = {"spike": ("v", "tab:red"), "growth": ("^", "tab:orange"),
-                 "leak": ("o", "tab:purple"), "retained": ("s", "tab:brown"),
-                 "host_memory": ("D", "tab:pink")}
+# A finding read back from a summary whose detector is no longer registered.
+UNKNOWN_MARKER = Marker("x", "red")
 
 
 def series(frame: pd.DataFrame, points: int = SERIES_POINTS) -> list[int]:
@@ -68,11 +67,11 @@ def plot_variant(frame: pd.DataFrame, findings: list[Finding], title: str, path:
             color="tab:gray", alpha=0.7, label="process RSS")
     by_step = frame.set_index("step")
     for finding in findings:
-        marker, color = FINDING_STYLE.get(finding.kind, ("x", "red"))
+        entry = DETECTORS.get(finding.kind)
+        marker = entry.marker if entry else UNKNOWN_MARKER
         steps = [s for s in finding.steps if s in by_step.index]
-        level = "peak" if finding.kind == "spike" else "active"
-        ax.scatter(steps, (by_step.loc[steps, level] - base) / mib, marker=marker,
-                   color=color, zorder=5, label=f"{finding.kind} ({finding.count})")
+        ax.scatter(steps, (by_step.loc[steps, marker.level] - base) / mib, marker=marker.symbol,
+                   color=marker.color, zorder=5, label=f"{finding.kind} ({finding.count})")
     _save(fig, ax, "step (prefill chunk, decode token, fetch, store)", "MiB above baseline",
           title, path)
 
@@ -116,7 +115,7 @@ def reserve(out: Path) -> Iterator[None]:
     """
     try:
         out.mkdir(parents=True, exist_ok=True)
-        handle = open(out / LOCK_NAME, "a+")
+        handle = open(out / LOCK_NAME, "a+")  # noqa: SIM115 - held by the `with` below
     except OSError as exc:
         raise ReportError(f"{out}: cannot write reports there: {exc.strerror or exc}") from None
     with handle:

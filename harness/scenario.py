@@ -8,10 +8,11 @@ A scenario says what to serve (model geometry, cache components, workload) and w
 from __future__ import annotations
 
 import copy
-import re
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (
@@ -23,14 +24,16 @@ from pydantic import (
     Field,
     Tag,
     ValidationError,
+    create_model,
     model_validator,
 )
 
 from . import geometry as geo
-from .components import Binding, check as check_components
+from .components import Binding
+from .components import check as check_components
+from .detect import DETECTORS, Detector, Presence
 from .metrics import METRICS
 from .units import Size
-
 
 
 def _tagged(**members: Any) -> Any:
@@ -43,7 +46,8 @@ def _tagged(**members: Any) -> Any:
         return "mapping" if isinstance(value, dict) else "list" if isinstance(value, list) else "scalar"
 
     choices = [Annotated[t, Tag(tag)] for tag, t in members.items()]
-    return Annotated[Union[tuple(choices)], Discriminator(choose)]
+    # A union built at run time: only Union[...] takes its members as a tuple.
+    return Annotated[Union[tuple(choices)], Discriminator(choose)]  # noqa: UP007
 
 
 # Counts are strict integers (a bool or 1.5 is a mistake, not 1) with a sane upper bound, so a
@@ -116,11 +120,19 @@ def _known_preset(name: str | None) -> str | None:
     return name
 
 
+if TYPE_CHECKING:  # what the tagged unions validate to, for the type checker
+    LayerCut = int | list[LayerGroup]
+    MetricName = str
+else:
+    LayerCut = _tagged(scalar=Layers, list=list[LayerGroup])
+    MetricName = Literal[METRICS]  # one member per gated metric
+
+
 class ModelSpec(_Strict):
     """A preset (optionally cut to its first `layers` layers) or inline layer groups."""
 
     preset: Annotated[str | None, Field(strict=True), AfterValidator(_known_preset)] = None
-    layers: _tagged(scalar=Layers, list=list[LayerGroup]) | None = None
+    layers: LayerCut | None = None
     dtype: Dtype = "bfloat16"
     vocab: Annotated[int, Field(strict=True, ge=1, le=MAX_VOCAB)] | None = None
     window: Positive | None = None
@@ -144,8 +156,10 @@ class ModelSpec(_Strict):
 
     def geometry(self) -> geo.Geometry:
         if self.preset is not None:
+            assert not isinstance(self.layers, list)  # with a preset, _check allows a count
             return geo.preset(self.preset, layers=self.layers, dtype=self.dtype,
                               vocab=self.vocab, window=self.window)
+        assert isinstance(self.layers, list)  # no preset: _check required layer groups
         groups = [g.model_dump(exclude_none=True) for g in self.layers]
         return geo.build(groups, dtype=self.dtype, vocab=self.vocab or 32000)
 
@@ -190,12 +204,13 @@ class WorkloadSpec(_Strict):
     def _check(self) -> WorkloadSpec:
         if (self.requests is None) == (self.chat is None):
             raise ValueError("expected exactly one of requests (a list) or chat")
-        for i, request in enumerate(self.requests or []):
+        requests = self.requests or []
+        for i, request in enumerate(requests):
             if request.prefix is None:
                 continue
             if request.prefix.request >= i:
                 raise ValueError(f"requests.{i}.prefix.request must name an earlier request")
-            source = self.requests[request.prefix.request]
+            source = requests[request.prefix.request]
             if request.prefix.tokens > min(source.prompt, request.prompt):
                 raise ValueError(f"requests.{i}.prefix.tokens exceeds a prompt it shares")
         return self
@@ -205,39 +220,18 @@ class SamplingSpec(_Strict):
     seed: Annotated[int, Field(strict=True, ge=0, le=MAX_SEED)] = 0
 
 
-class SpikeThresholds(_Strict):
-    min_bytes: Size = 4 * 2**20
-    min_ratio: Annotated[Number, Field(ge=1.0)] = 1.05
-
-
-class GrowthThresholds(_Strict):
-    min_bytes: Size = 512 * 2**10
-
-
-class LeakThresholds(_Strict):
-    warmup: Count = 1
-    min_bytes: Size = 64 * 2**10
-    r2: Annotated[Number, Field(ge=0.0, le=1.0)] = 0.9
-
-
-class RetainedThresholds(_Strict):
-    min_bytes: Size = 2**20
-    ratio: Annotated[Number, Field(ge=0.0)] = 0.25
-
-
-class HostThresholds(_Strict):
-    min_bytes: Size = 32 * 2**20
-
-
 class DetectSpec(_Strict):
-    spike: SpikeThresholds = SpikeThresholds()
-    growth: GrowthThresholds = GrowthThresholds()
-    leak: LeakThresholds = LeakThresholds()
-    retained: RetainedThresholds = RetainedThresholds()
-    host_memory: HostThresholds = HostThresholds()
+    """`detect:`: each registered detector's thresholds under its name (detect.DETECTORS).
 
+    Validated against the registry as it stands when a scenario is validated (`_registered`),
+    so a detector registered after import is known and a name not registered is unknown; the
+    thresholds are held as extra fields, so a spec pickles (to a variant's child) by value.
+    """
 
-Presence = Literal["none", "detected"]
+    model_config = ConfigDict(extra="allow")
+
+    if TYPE_CHECKING:
+        def __getattr__(self, name: str) -> Any: ...
 
 
 class SpikeBound(_Strict):
@@ -249,19 +243,65 @@ class Tolerance(_Strict):
     abs: Size | None = None
 
 
+if TYPE_CHECKING:
+    SpikeExpectation = Presence | SpikeBound
+else:
+    SpikeExpectation = _tagged(scalar=Presence, mapping=SpikeBound)
+
+
 class ExpectSpec(_Strict):
-    leak: Presence | None = "none"
-    retained: Presence | None = "none"
-    host_memory: Presence | None = "none"
-    spike: _tagged(scalar=Presence, mapping=SpikeBound) | None = None
-    growth: Presence | None = None
+    """`expect:`: the budgets, `kvmem compare`'s tolerances and spike's presence or bound.
+
+    Every other registered detector adds its presence (`none` or `detected`), an extra field
+    validated as DetectSpec's are, defaulting to its registry entry's `expected`.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    spike: SpikeExpectation | None = None
     peak: Size | None = None
     steady: Size | None = None
     final: Size | None = None
     per_token: Size | None = None
     overhead: Annotated[Number, Field(gt=0.0)] | None = None
     # Keyed by the metrics `kvmem compare` knows: a typo would silently tolerate nothing.
-    compare: dict[Literal[METRICS], Tolerance] = Field(default_factory=dict)
+    compare: dict[MetricName, Tolerance] = Field(default_factory=dict)
+
+
+FieldOf = Callable[[Detector], tuple[Any, Any]]
+
+
+def _thresholds_field(detector: Detector) -> tuple[Any, Any]:
+    return detector.thresholds, detector.thresholds()
+
+
+def _presence_field(detector: Detector) -> tuple[Any, Any]:
+    return Presence | None, detector.expected
+
+
+@functools.cache
+def _schema(base: type[_Strict], field: FieldOf,
+            detectors: tuple[tuple[str, Detector], ...]) -> type[_Strict]:
+    """`base` closed to unknown keys, with a field, (type, default) from `field`, per detector
+    it does not declare itself."""
+    fields: dict[str, Any] = {name: field(d) for name, d in detectors
+                              if name not in base.model_fields}
+    return create_model(base.__name__, __base__=base, __cls_kwargs__={"extra": "forbid"},
+                        **fields)
+
+
+def _registered(base: type[_Strict], field: FieldOf) -> Callable[[Any], Any]:
+    """Validates a `base` against detect.DETECTORS as it stands at validation time, not at
+    import; the value is a plain `base`, the registered fields held as extras."""
+    def validate(value: Any) -> _Strict:
+        checked = _schema(base, field, tuple(DETECTORS.items())).model_validate(value)
+        return base.model_construct(checked.model_fields_set, **dict(checked))  # validated now
+
+    return validate
+
+
+_detect = _registered(DetectSpec, _thresholds_field)
+_expect = _registered(ExpectSpec, _presence_field)
 
 
 class ScenarioSpec(_Strict):
@@ -272,8 +312,8 @@ class ScenarioSpec(_Strict):
     cache: CacheSpec = CacheSpec()
     workload: WorkloadSpec
     sampling: SamplingSpec = SamplingSpec()
-    detect: DetectSpec = DetectSpec()
-    expect: ExpectSpec = ExpectSpec()
+    detect: Annotated[DetectSpec, BeforeValidator(_detect)] = Field(default_factory=lambda: _detect({}))
+    expect: Annotated[ExpectSpec, BeforeValidator(_expect)] = Field(default_factory=lambda: _expect({}))
     # Seconds a variant may run before its process is killed; `--timeout` overrides it.
     timeout: Annotated[Number, Field(gt=0)] | None = None
 
@@ -392,7 +432,7 @@ class _Loader(yaml.SafeLoader):
             return super().construct_object(node, deep)
         except (yaml.YAMLError, RecursionError):
             raise
-        except Exception:  # noqa: BLE001 - PyYAML raises ValueError, KeyError, TypeError...
+        except Exception:
             tag = str(node.tag).replace("tag:yaml.org,2002:", "!!")
             value = node.value if isinstance(node, yaml.ScalarNode) else node.id
             raise yaml.constructor.ConstructorError(
@@ -527,7 +567,7 @@ def _load(path: Path, variants: list[str] | None) -> list[Variant]:
     return scenarios
 
 
-def discover(paths: list[str | Path]) -> list[Path]:
+def discover(paths: Sequence[str | Path]) -> list[Path]:
     """Scenario files from files and folders (folders: every *.yaml / *.yml, sorted)."""
     found: list[Path] = []
     for entry in map(Path, paths):

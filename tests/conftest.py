@@ -6,9 +6,9 @@ import mlx.core as mx
 import pandas as pd
 import pytest
 
-from harness import detect
-from harness.run.probe import Probe, to_frame
+from harness import detect, expect
 from harness.run.engine import Engine
+from harness.run.probe import Probe, to_frame
 from harness.scenario import ScenarioSpec
 
 SMALL_MODEL = {"dtype": "float16", "vocab": 1024,
@@ -32,13 +32,13 @@ def serve(spec: ScenarioSpec) -> tuple[pd.DataFrame, list[detect.Finding], dict]
         engine.close()
     frame = to_frame(probe.rows())
     findings = detect.detect(frame, spec.detect, "cpu")
-    return frame, findings, detect.metrics(frame, findings, spec.detect)
+    return frame, findings, expect.metrics(frame, findings, spec.detect)
 
 
 def kinds_and_failures(spec: ScenarioSpec) -> tuple[set[str], list[dict]]:
     """The finding kinds of a spec served in this process, and its failed expectations."""
     _, findings, figures = serve(spec)
-    failed = [c for c in detect.check(spec.expect, findings, figures) if not c["ok"]]
+    failed = [c for c in expect.check(spec.expect, findings, figures) if not c["ok"]]
     return {f.kind for f in findings}, failed
 
 

@@ -1,27 +1,34 @@
 """Runs scenario variants end to end: execute, detect, check, write the reports.
 
-This is the one path from a scenario to its summary: the CLI's `run`, the baseline commands and
-the tests all go through `run_variants`.
+`run_variants` runs each variant once in its own process (`harness.run.isolation.execute`),
+then `summarize` (samples, findings, summary) and the report writer. `run_repeated` runs the
+whole list N times through it and keeps each variant's median run with its measured spread
+(`harness.gate.noise.combine`). `harness.cli` chooses between them: `run` and `baseline check`
+call `run_variants`, `noise` calls `run_repeated`, `baseline update` either (`--runs N` > 1
+repeats); both baseline commands read existing reports instead when given `--from`. The
+scenario tests serve reduced specs in their own process through the engine (tests/conftest.py)
+or call `execute` and `summarize`; the gate's end-to-end tests call `run_variants`.
 """
 
 from __future__ import annotations
 
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .. import detect, report, summary_io
-from .isolation import RunOutcome, execute
+from .. import detect, expect, report, summary_io
 from ..gate.noise import combine
-from .probe import to_frame
-from .engine import planned_steps
 from ..scenario import Variant
 from ..units import mib
+from .engine import planned_steps
+from .isolation import RunOutcome, execute
+from .probe import to_frame
 
 
 def summarize(outcome: RunOutcome, environment: dict) -> tuple[pd.DataFrame, list, dict]:
@@ -31,8 +38,8 @@ def summarize(outcome: RunOutcome, environment: dict) -> tuple[pd.DataFrame, lis
     findings, figures, expectations = [], {}, []
     if outcome.status == "ok" and not frame.empty:
         findings = detect.detect(frame, spec.detect, environment["backend"])
-        figures = detect.metrics(frame, findings, spec.detect)
-        expectations = detect.check(spec.expect, findings, figures)
+        figures = expect.metrics(frame, findings, spec.detect)
+        expectations = expect.check(spec.expect, findings, figures)
     figures["wall_s"] = round(outcome.wall_s, 3)
     figures["estimate"] = outcome.estimate
     summary = {
@@ -75,7 +82,7 @@ def run_variants(variants: list[Variant], out: Path, console: Console | None = N
         for variant in variants:
             label = variant.label
             task = progress.add_task(label, total=planned_steps(variant.spec))
-            outcome = execute(variant, lambda n: progress.update(task, completed=n),
+            outcome = execute(variant, partial(_advance, progress, task),
                               timeout or variant.spec.timeout)
             progress.update(task, completed=outcome.last_step,
                             description=f"{label} [{outcome.status}]")
@@ -96,6 +103,10 @@ def run_variants(variants: list[Variant], out: Path, console: Console | None = N
                 except OSError as exc:
                     console.print(f"[red]warning:[/red] {name}: overlay plot not written: {exc}")
     return summaries
+
+
+def _advance(progress: Progress, task: TaskID, steps: int) -> None:
+    progress.update(task, completed=steps)
 
 
 def _write(folder: Path, frame: pd.DataFrame, summary: dict, findings: list) -> bool:
@@ -145,7 +156,7 @@ def exit_status(summaries: list[dict]) -> int:
 def run_repeated(variants: list[Variant], runs: int, out: Path,
                  console: Console | None = None) -> list[dict]:
     """Run every variant `runs` times; write each variant's median run under out/scenario/variant
-    with the spread measured over all its runs (harness.noise.combine).
+    with the spread measured over all its runs (harness.gate.noise.combine).
 
     Each round goes through run_variants (one process per variant) and runs every variant once,
     so a change in the machine's load reaches all variants alike. Rounds are written to a
@@ -158,7 +169,7 @@ def run_repeated(variants: list[Variant], runs: int, out: Path,
             console.print(f"run {index + 1} of {runs}")
             rounds.append(run_variants(variants, Path(tmp) / f"run{index}", console))
         summaries = []
-        for variant_runs in zip(*rounds):
+        for variant_runs in zip(*rounds, strict=True):
             chosen, summary = combine(list(variant_runs))
             where = Path(summary["scenario"]) / summary["variant"]
             frame = _samples(Path(tmp) / f"run{chosen}" / where)

@@ -1,0 +1,92 @@
+"""Expectations: a run's summary metrics, and the scenario's `expect:` checked against them.
+
+Findings are facts; expectations decide pass or fail. Each registered detector's presence is
+checked when the scenario states it or its registry entry expects one (see detect.DETECTORS);
+spike's expectation may instead bound the spike_ratio metric. Budgets bound metrics in bytes
+(peak, steady, final, per_token) or as a ratio (overhead).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .detect import DETECTORS, Finding, Presence, spike_ratios, transients
+from .scenario import DetectSpec, ExpectSpec, SpikeBound
+
+
+def metrics(frame: pd.DataFrame, findings: list[Finding], thresholds: DetectSpec) -> dict:
+    """Summary figures, in bytes above the baseline unless named otherwise."""
+    base = int(frame["active"].iloc[0])
+    decode = frame[frame["phase"] == "decode"]
+    steady_row = decode.iloc[-1] if not decode.empty else frame.iloc[-1]
+    steady = int(steady_row["active"]) - base
+    minimum = int(steady_row["minimum"])
+    excess = transients(frame)
+    big = excess > thresholds.spike.min_bytes
+    leaks = [f.bytes for f in findings if f.kind == "leak"]
+    return {
+        "baseline": base,
+        "peak": int(frame["peak"].max()) - base,
+        "steady": steady,
+        "final": int(frame["active"].iloc[-1]) - base,
+        "largest_spike": max(int(excess.max()), 0),
+        "spike_ratio": round(float(spike_ratios(frame)[big].max()), 4) if big.any() else 1.0,
+        "leak_rate": leaks[0] if leaks else 0,
+        "retained": max(int((frame["active"] - base - frame["logical"]).max()), 0),
+        "rss_peak": int(frame["rss"].max()),
+        "minimum": minimum,
+        "overhead_ratio": round(steady / minimum, 4) if minimum else None,
+        "tokens": int(steady_row["tokens"]),
+        "steps": len(frame),
+    }
+
+
+def _presence(name: str, expected: Presence, findings: list[Finding]) -> dict:
+    found = [f for f in findings if f.kind == name]
+    actual = "detected" if found else "none"
+    message = found[0].message if found else f"no {name} finding"
+    return {"name": name, "expected": expected, "actual": actual,
+            "ok": actual == expected, "message": message}
+
+
+def _bound(name: str, actual: float | None, limit: float, unit: str = "B") -> dict:
+    ok = actual is not None and actual <= limit
+    shown = "n/a" if actual is None else (f"{actual:,.0f} B" if unit == "B" else f"{actual:.3f}")
+    limit_shown = f"{limit:,.0f} B" if unit == "B" else f"{limit:.3f}"
+    return {"name": name, "expected": f"<= {limit_shown}", "actual": shown, "ok": ok,
+            "message": f"{name} {shown} {'within' if ok else 'exceeds'} {limit_shown}"}
+
+
+def _presences(expect: ExpectSpec, findings: list[Finding]) -> list[dict]:
+    """The stated presences: first those the registry expects absent unless a scenario says
+    otherwise, then those checked only when stated; spike's comes after them (`_spike`)."""
+    detectors = sorted(DETECTORS.items(), key=lambda item: item[1].expected is None)
+    stated = ((name, getattr(expect, name)) for name, _ in detectors if name != "spike")
+    return [_presence(name, expected, findings) for name, expected in stated if expected is not None]
+
+
+def _spike(expected: Presence | SpikeBound | None, findings: list[Finding],
+           figures: dict) -> list[dict]:
+    """Spike's expectation: a presence, or `{max_ratio: X}`, a bound on the spike_ratio metric
+    (a growing cache spikes by design; the scenario says how large a spike it accepts)."""
+    if isinstance(expected, SpikeBound):
+        return [_bound("spike_ratio", figures["spike_ratio"], expected.max_ratio, "x")]
+    return [] if expected is None else [_presence("spike", expected, findings)]
+
+
+def _budgets(expect: ExpectSpec, figures: dict) -> list[dict]:
+    results = [_bound(name, figures[name], getattr(expect, name))
+               for name in ("peak", "steady", "final") if getattr(expect, name) is not None]
+    if expect.per_token is not None:
+        per_token = figures["steady"] / figures["tokens"] if figures["tokens"] else None
+        results.append(_bound("per_token", per_token, expect.per_token))
+    if expect.overhead is not None:
+        results.append(_bound("overhead", figures["overhead_ratio"], expect.overhead, "x"))
+    return results
+
+
+def check(expect: ExpectSpec, findings: list[Finding], figures: dict) -> list[dict]:
+    """Each expectation of the scenario against the findings and metrics: presences, spike,
+    budgets, the order summaries (and the baselines kept from them) have always had."""
+    return [*_presences(expect, findings), *_spike(expect.spike, findings, figures),
+            *_budgets(expect, figures)]
