@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from harness.run.isolation import estimate_bytes
-from harness.scenario import ScenarioSpec, load_variants as load
+from harness.scenario import ScenarioSpec
+from harness.scenario import load_variants as load
 from tests.conftest import kinds_and_failures
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
@@ -71,6 +72,7 @@ def test_each_before_is_flagged_with_its_finding(path, variant, kind):
 
 # Growth steps are by design and unchecked where the full layers are mlx-lm's KVCache (256-slot
 # steps) or a snapshot is taken at a block boundary.
+@pytest.mark.slow
 @pytest.mark.parametrize("path,variant,allowed", [
     (HOT, "arrays", {"growth"}),
     (HOT, "snapshot_release", {"growth"}),

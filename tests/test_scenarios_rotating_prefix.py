@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from harness.run.isolation import execute
-from harness.summary_io import environment
-from harness.scenario import ScenarioSpec, load_variants as load
 from harness.run.suite import summarize
+from harness.scenario import ScenarioSpec
+from harness.scenario import load_variants as load
+from harness.summary_io import environment
 from tests.conftest import kinds_and_failures
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
@@ -64,6 +65,7 @@ def test_each_before_is_flagged_with_its_finding(path, variant, layers, kinds):
 
 # The prefix cache's layers are mlx-lm's KVCache, whose 256-slot growth is by design and
 # unchecked in that scenario: the only finding an "after" there may show.
+@pytest.mark.slow
 @pytest.mark.parametrize("path,variant,layers,allowed", [
     (ROTATING, "after", 12, set()),
     (ROTATING, "batch_after", 12, set()),

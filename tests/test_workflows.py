@@ -1,7 +1,9 @@
-"""The GitHub workflows: valid against the vendored workflow schema, and wired as the gate needs."""
+"""The GitHub workflows: valid against the vendored workflow schema, wired as the gate needs, and
+shown in docs/gate.md exactly as they are."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,10 @@ from harness.gate.render import MARKER
 
 WORKFLOWS = Path(__file__).resolve().parents[1] / ".github" / "workflows"
 FILES = ("memory-pr.yml", "memory-comment.yml", "memory-nightly.yml")
+ROOT = WORKFLOWS.parents[1]
+GATE_DOC = ROOT / "docs" / "gate.md"
+# A workflow shown in the docs: its path as a heading, then its YAML in one fenced block.
+SHOWN = re.compile(rb"^### `\.github/workflows/([^`]+)`\n\n```yaml\n(.*?)^```$", re.M | re.S)
 
 
 def check_schema(*paths: Path) -> subprocess.CompletedProcess:
@@ -86,7 +92,28 @@ def test_nightly_workflow_checks_the_baselines_and_uploads_plots():
     assert upload["if"] == "always()" and "reports/nightly/**/*.png" in upload["with"]["path"]
 
 
+def shown_workflows(doc: bytes) -> dict[str, bytes]:
+    """Each workflow file the document shows, by name, as the bytes of its fenced block."""
+    found = [(name.decode(), body) for name, body in SHOWN.findall(doc)]
+    names = [name for name, _ in found]
+    assert len(names) == len(set(names)), f"a workflow is shown twice: {names}"
+    return dict(found)
+
+
 def test_documentation_shows_the_workflow_files_as_they_are():
-    docs = (WORKFLOWS.parents[1] / "README.md").read_text()
+    shown = shown_workflows(GATE_DOC.read_bytes())
+    assert sorted(shown) == sorted(p.name for p in WORKFLOWS.glob("*.yml")) == sorted(FILES)
     for name in FILES:
-        assert (WORKFLOWS / name).read_text() in docs, name
+        assert shown[name] == (WORKFLOWS / name).read_bytes(), name
+
+
+def test_a_changed_byte_in_a_shown_workflow_is_caught():
+    doc = GATE_DOC.read_bytes()
+    original = (WORKFLOWS / "memory-nightly.yml").read_bytes()
+    changed = doc.replace(b'cron: "17 3 * * *"', b'cron: "17 4 * * *"')
+    assert changed != doc
+    assert shown_workflows(changed)["memory-nightly.yml"] != original
+
+
+def test_readme_links_the_gate_documentation():
+    assert "(docs/gate.md)" in (ROOT / "README.md").read_text()
