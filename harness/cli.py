@@ -12,6 +12,7 @@ import math
 import signal
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -20,7 +21,7 @@ from rich.table import Table
 
 from . import geometry
 from .gate import baseline, noise
-from .gate.compare import METRICS, Comparison, CompareError, compare, fraction, size
+from .gate.compare import METRICS, CompareError, Comparison, compare, fraction, size
 from .gate.render import RENDERERS, render_text
 from .report import ReportError
 from .run.isolation import DEFAULT_TIMEOUT
@@ -32,7 +33,7 @@ BAD_INPUT = (ScenarioError, ReportError, SummaryError, CompareError)
 DEFAULT_SCENARIOS = Path("scenarios")
 
 
-def _variants(paths: list[str], only: list[str] | None = None) -> list[Variant]:
+def _variants(paths: Sequence[str | Path], only: list[str] | None = None) -> list[Variant]:
     """Every variant of the scenario files under `paths` (or those named), validated first."""
     variants = [v for path in discover(paths) for v in load_variants(path, only)]
     if not variants:
@@ -67,7 +68,7 @@ def _list(args: argparse.Namespace, console: Console) -> int:
         presets.add_column(column)
     for name in geometry.PRESETS:
         g = geometry.preset(name)
-        kinds = {k: sum(l.kind == k for l in g.layers) for k in geometry.KINDS}
+        kinds = {k: sum(layer.kind == k for layer in g.layers) for k in geometry.KINDS}
         layers = " + ".join(f"{n} {k}" for k, n in kinds.items() if n)
         presets.add_row(name, layers, f"{g.token_bytes() / 1024:g} KiB", f"{g.vocab:,}")
     console.print(presets)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import importlib
 import inspect
 import multiprocessing as mp
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from mlx_lm.models import cache as mlx_cache
 
@@ -152,6 +153,6 @@ def check(bindings: list[Binding]) -> list[str]:
         how = (f"hung for {IMPORT_TIMEOUT:g} s" if timed_out else
                f"was killed by signal {-code}" if code < 0 else f"exited with status {code}")
         names = ", ".join(sorted({b.name for b in user}))
-        return problems + [f"{user[0].field}.component: the process importing {names} {how} "
+        return [*problems, f"{user[0].field}.component: the process importing {names} {how} "
                            "before it could answer"]
     return problems + [p for p in answer if p]

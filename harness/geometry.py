@@ -56,7 +56,7 @@ class LayerSpec:
         """Bytes this layer strictly needs to hold `tokens` tokens of every sequence."""
         if self.kind == KIND_RECURRENT:
             return self.state_bytes * self.batch if tokens > 0 else 0
-        held = min(tokens, self.window) if self.kind == KIND_SLIDING else tokens
+        held = min(tokens, self.window) if self.kind == KIND_SLIDING and self.window else tokens
         return held * self.token_bytes() * self.batch
 
 
@@ -79,7 +79,7 @@ class Geometry:
         return sum(layer.token_bytes() for layer in self.layers)
 
     def with_batch(self, batch: int) -> Geometry:
-        return replace(self, layers=tuple(replace(l, batch=batch) for l in self.layers))
+        return replace(self, layers=tuple(replace(layer, batch=batch) for layer in self.layers))
 
 
 def build(
@@ -143,5 +143,6 @@ def preset(
     geometry = build(spec["layers"], dtype=dtype, vocab=vocab or spec["vocab"], name=name)
     specs = geometry.layers[:layers] if layers else geometry.layers
     if window is not None:
-        specs = tuple(replace(l, window=window) if l.kind == KIND_SLIDING else l for l in specs)
+        specs = tuple(replace(layer, window=window) if layer.kind == KIND_SLIDING else layer
+                      for layer in specs)
     return replace(geometry, layers=tuple(specs))

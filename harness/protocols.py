@@ -12,7 +12,7 @@ Two sizes, sampled after every step:
 - `host_bytes`: bytes the component holds outside MLX (Python `bytes`, NumPy arrays, queued
   writes), which only the process RSS sees.
 
-Size check: before a variant runs, `harness.isolation.estimate_bytes` adds what each factory
+Size check: before a variant runs, `harness.run.isolation.estimate_bytes` adds what each factory
 declares through an optional `estimate_bytes` attribute (a function attribute, classmethod or
 staticmethod): `estimate_bytes(layer, tokens, **options)` for a layer cache factory, the bytes
 it allocates for `tokens` tokens when that is more than twice their K/V (a window allocated up
@@ -21,7 +21,8 @@ front); `estimate_bytes(geometry, workload, **options)` for a store or session, 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, TypeVar, cast, runtime_checkable
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map
@@ -108,14 +109,14 @@ def state_range(cache: LayerCache, start: int, end: int) -> Any:
     own = getattr(cache, "state_range", None)
     if own is not None:
         return own(start, end)
-    state = cache.state
+    state: Any = cache.state
     tokens = tree_flatten(state[:2]) if isinstance(state, (tuple, list)) and len(state) > 2 else []
-    if not tokens or not all(isinstance(x, mx.array) for _, x in tokens):
+    if not tokens or not all(isinstance(pair[1], mx.array) for pair in tokens):
         raise TypeError(
             f"{type(cache).__name__} cannot be cut by token: its state is not mlx-lm's "
             "(keys, values, offset, ...) and it has no state_range(start, end)"
         )
-    keys, values, _, *rest = state
+    keys, values, _, *rest = tuple(state)
 
     def cut(x: mx.array) -> mx.array:
         return x[..., start:end, :]
@@ -179,12 +180,25 @@ class Store(Protocol):
         ...
 
 
-class StoreBase(Store):
-    """A store that serves no hit, snapshots nothing, holds nothing outside MLX and has nothing
-    to close: a subclass writes `store` and `nbytes`, and what else it does."""
+class _Holder:
+    """What the store and session bases share: built from the geometry, holding nothing outside
+    MLX unless a subclass says so, and no default for the MLX bytes it holds."""
 
     def __init__(self, geometry: Geometry):
         self.geometry = geometry
+
+    @property
+    def nbytes(self) -> int:
+        raise NotImplementedError(f"{type(self).__name__} must implement nbytes")
+
+    @property
+    def host_bytes(self) -> int:
+        return 0
+
+
+class StoreBase(_Holder, Store):
+    """A store that serves no hit, snapshots nothing, holds nothing outside MLX and has nothing
+    to close: a subclass writes `store` and `nbytes`, and what else it does."""
 
     def fetch(self, tokens: tuple[int, ...]) -> tuple[list[LayerCache] | None, int]:
         return None, 0
@@ -194,14 +208,6 @@ class StoreBase(Store):
 
     def on_prefill(self, tokens: tuple[int, ...], done: int, caches: list[LayerCache]) -> None:
         pass
-
-    @property
-    def nbytes(self) -> int:
-        raise NotImplementedError("Store sub-class must implement nbytes")
-
-    @property
-    def host_bytes(self) -> int:
-        return 0
 
     def close(self) -> None:
         pass
@@ -241,12 +247,9 @@ class Session(Protocol):
         ...
 
 
-class SessionBase(Session):
+class SessionBase(_Holder, Session):
     """A session that never evicts, keeps no logits and holds nothing outside MLX: a subclass
     writes `nbytes`, and what else it does."""
-
-    def __init__(self, geometry: Geometry):
-        self.geometry = geometry
 
     def start_turn(self) -> None:
         pass
@@ -257,10 +260,31 @@ class SessionBase(Session):
     def keep_logits(self, logits: mx.array) -> None:
         pass
 
-    @property
-    def nbytes(self) -> int:
-        raise NotImplementedError("Session sub-class must implement nbytes")
 
-    @property
-    def host_bytes(self) -> int:
-        return 0
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_R_co = TypeVar("_R_co", covariant=True)
+
+
+class Estimated(Protocol[_P, _R_co]):
+    """A factory function that declares its size for the size check through a function
+    attribute (see the module's docstring), as `with_estimate` makes it: called as it was,
+    plus `estimate_bytes`."""
+
+    estimate_bytes: Callable[..., int]
+
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R_co: ...
+
+
+def with_estimate(estimator: Callable[..., int]) -> Callable[[Callable[_P, _R]], Estimated[_P, _R]]:
+    """Decorator giving a factory function `estimator` as its `estimate_bytes` attribute.
+
+    The factory itself is returned (its signature, which scenarios' options are checked
+    against, unchanged), typed as `Estimated`."""
+
+    def attach(factory: Callable[_P, _R]) -> Estimated[_P, _R]:
+        estimated = cast("Estimated[_P, _R]", factory)
+        estimated.estimate_bytes = estimator
+        return estimated
+
+    return attach

@@ -47,7 +47,10 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
 
 
 def atomic_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(text))
+    def write(tmp: Path) -> None:
+        tmp.write_text(text)
+
+    atomic_write(path, write)
 
 
 def backend() -> str:

@@ -58,7 +58,9 @@ class Raw:
 
     @classmethod
     def of(cls, array: mx.array) -> Raw:
-        return cls(bytes(memoryview(array)), str(array.dtype).removeprefix("mlx.core."), array.shape)
+        # mx.array implements the buffer protocol; mlx's stubs do not declare `__buffer__`.
+        data = bytes(memoryview(array))  # type: ignore[arg-type]
+        return cls(data, str(array.dtype).removeprefix("mlx.core."), array.shape)
 
     def array(self) -> mx.array:
         dtype = getattr(mx, self.dtype)
@@ -73,7 +75,7 @@ class Piece:
     where each array goes in the state, and the state's plain values with their places."""
 
     recipe: tuple  # (kind, class path, array paths, [(path, plain value)])
-    arrays: list  # mx.array, or Raw in the raw_bytes hot tier and on the SSD tier
+    arrays: list[mx.array | Raw]  # Raw in the raw_bytes hot tier and on the SSD tier
 
     @property
     def nbytes(self) -> int:
@@ -83,14 +85,14 @@ class Piece:
         return Piece(self.recipe, [a if isinstance(a, Raw) else Raw.of(a) for a in self.arrays])
 
     def copy(self) -> Piece:
-        return Piece(self.recipe, [_copy(a) for a in self.arrays])
+        return Piece(self.recipe, [a if isinstance(a, Raw) else _copy(a) for a in self.arrays])
 
     def live(self) -> list[mx.array]:
         return [a.array() if isinstance(a, Raw) else a for a in self.arrays]
 
     def state(self) -> Any:
         _, _, paths, plain = self.recipe
-        return tree_unflatten([*zip(paths, self.live()), *plain])
+        return tree_unflatten([*zip(paths, self.live(), strict=True), *plain])
 
 
 @dataclass
@@ -105,6 +107,12 @@ class Block:
     @property
     def restorable(self) -> bool:
         return all(p is not None for p in self.pieces)
+
+    def layer_piece(self, layer: int) -> Piece:
+        """The piece of `layer`, which a full-attention layer and a restorable block have."""
+        held = self.pieces[layer]
+        assert held is not None, f"block {self.key} holds no state for layer {layer}"
+        return held
 
     def raw(self) -> Block:
         return Block(self.key, [None if p is None else p.raw() for p in self.pieces])
@@ -124,8 +132,12 @@ def _copy(array: mx.array) -> mx.array:
 
 def piece(kind: str, cache: LayerCache, state: Any) -> Piece:
     """`state` of `cache` taken apart, its arrays copied."""
-    paths, arrays, plain = [], [], []
-    for path, value in tree_flatten(state):
+    paths: list[str] = []
+    arrays: list[mx.array | Raw] = []
+    plain: list[tuple[str, Any]] = []
+    flat = tree_flatten(state)
+    assert isinstance(flat, list)  # a dict only when given a `destination`
+    for path, value in flat:
         if isinstance(value, mx.array):
             paths.append(path)
             arrays.append(_copy(value))
@@ -166,13 +178,16 @@ def write_block(path: Path, block: Block) -> None:
 
     Written to a temporary name and renamed, so a reader never sees half a block.
     """
-    layers, blobs, offset = [], [], 0
+    layers: list[dict[str, Any] | None] = []
+    blobs: list[bytes] = []
+    offset = 0
     for piece in block.pieces:
         if piece is None:
             layers.append(None)
             continue
         arrays = []
         for raw in piece.arrays:
+            assert isinstance(raw, Raw), "blocks are written as Block.raw()"
             arrays.append({"dtype": raw.dtype, "shape": list(raw.shape), "offset": offset,
                            "size": len(raw.data)})
             blobs.append(raw.data)
@@ -193,13 +208,15 @@ def read_block(path: Path) -> Block:
     (length,) = struct.unpack_from("<Q", data)
     header = json.loads(data[8 : 8 + length])
     body = memoryview(data)[8 + length :]
-    pieces = []
+    pieces: list[Piece | None] = []
     for layer in header["layers"]:
         if layer is None:
             pieces.append(None)
             continue
-        arrays = [Raw(bytes(body[a["offset"] : a["offset"] + a["size"]]), a["dtype"], tuple(a["shape"]))
-                  for a in layer["arrays"]]
+        arrays: list[mx.array | Raw] = [
+            Raw(bytes(body[a["offset"] : a["offset"] + a["size"]]), a["dtype"], tuple(a["shape"]))
+            for a in layer["arrays"]
+        ]
         pieces.append(Piece(tuple(layer["recipe"]), arrays))
     return Block(header["key"], pieces)
 
@@ -241,7 +258,7 @@ class PagedSSDStore:
         self._lock = threading.Lock()
         self._pending: dict[str, Block] = {}  # queued for the writer, still servable
         self._on_disk: set[str] = set()
-        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._queue: queue.Queue[Block | None] = queue.Queue(maxsize=queue_size)
         self._error: BaseException | None = None
         self._writer = threading.Thread(target=self._write_loop, name="paged-ssd-writer", daemon=True)
         self._writer.start()
@@ -267,7 +284,7 @@ class PagedSSDStore:
         # Left lazy, as a server hands them to the model: every layer is rebuilt in one go.
         caches = []
         for layer, full in enumerate(self._full):
-            pieces = [b.pieces[layer] for b in blocks] if full else [blocks[-1].pieces[layer]]
+            pieces = [b.layer_piece(layer) for b in blocks] if full else [blocks[-1].layer_piece(layer)]
             caches.append(restore_layer(pieces))
         return caches, len(blocks) * self.block_size
 
@@ -275,7 +292,7 @@ class PagedSSDStore:
         """At a block boundary, snapshot the layers that cannot be cut by token."""
         if self.snapshots == "off" or done % self.block_size or all(self._full):
             return
-        snapshot = [state_piece(c) for c, full in zip(caches, self._full) if not full]
+        snapshot = [state_piece(c) for c, full in zip(caches, self._full, strict=True) if not full]
         mx.eval([p.arrays for p in snapshot])
         if self.snapshots == "leak":
             self._leaked.append(snapshot)  # the bug: nothing ever removes it
@@ -286,12 +303,12 @@ class PagedSSDStore:
         """Every full block of `tokens` not stored yet; then the boundary snapshots go."""
         keys = self._chain(tokens, len(tokens) // self.block_size)
         for i, key in enumerate(keys):
-            if self._lookup(key, touch=True, load=False):
+            if self._has(key):
                 continue
             last = i == len(keys) - 1
             snapshot = iter(self._boundary.get(key, []))  # the exact state at this boundary
-            pieces = []
-            for cache, full in zip(caches, self._full):
+            pieces: list[Piece | None] = []
+            for cache, full in zip(caches, self._full, strict=True):
                 if full:
                     pieces.append(token_piece(cache, i * self.block_size, (i + 1) * self.block_size))
                 elif self.store_all_blocks or last:
@@ -342,18 +359,25 @@ class PagedSSDStore:
             keys.append(parent)
         return keys
 
-    def _lookup(self, key: str, touch: bool = True, load: bool = True) -> Block | bool | None:
+    def _lookup(self, key: str) -> Block | None:
         """The block for `key`: hot tier first, then queued or written ones (read from disk)."""
         if key in self._hot:
-            if touch:
-                self._hot.move_to_end(key)
+            self._hot.move_to_end(key)
             return self._hot[key]
         with self._lock:
             block = self._pending.get(key)
             on_disk = key in self._on_disk
         if block is not None or not on_disk:
             return block
-        return read_block(self._path(key)) if load else True
+        return read_block(self._path(key))
+
+    def _has(self, key: str) -> bool:
+        """Whether `key` is stored in a tier, as `_lookup` finds it, without reading the disk."""
+        if key in self._hot:
+            self._hot.move_to_end(key)
+            return True
+        with self._lock:
+            return key in self._pending or key in self._on_disk
 
     def _insert(self, block: Block) -> None:
         """Into the hot tier, evicting least recently used blocks until it fits."""
@@ -394,8 +418,9 @@ class PagedSSDStore:
     def estimate_bytes(cls, geometry: Geometry, workload: Any, **options: Any) -> int:
         """Upper bound on what the store adds: blocks, snapshots, and a hit's rebuild."""
         bs = options.get("block_size") or default_block_size(geometry)
-        per_token = sum(l.token_bytes() * l.batch for l in geometry.layers if l.kind == KIND_FULL)
-        state = sum(l.minimum_bytes(1 << 62) for l in geometry.layers if l.kind != KIND_FULL)
+        per_token = sum(layer.token_bytes() * layer.batch for layer in geometry.layers
+                        if layer.kind == KIND_FULL)
+        state = sum(layer.minimum_bytes(1 << 62) for layer in geometry.layers if layer.kind != KIND_FULL)
         requests = [r for r in workload.requests or [] for _ in range(r.repeat)]
         blocks = [(r.prompt + r.decode) // bs for r in requests]
         stated = blocks if options.get("store_all_blocks", True) else [min(n, 1) for n in blocks]
@@ -413,6 +438,6 @@ class PagedSSDStore:
 
 def default_block_size(geometry: Geometry) -> int:
     """256 tokens, or the sliding window when there is one (a block then holds a window)."""
-    windows = [l.window for l in geometry.layers if l.window]
+    windows = [layer.window for layer in geometry.layers if layer.window]
     return max(windows) if windows else 256
 

@@ -17,21 +17,26 @@ The switches reproduce the seed's bugs and fixes:
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from harness.geometry import KIND_FULL, Geometry
-from harness.protocols import StoreBase
+from harness.protocols import StoreBase, with_estimate
 
 TRIMS = ("none", "slice", "copy")
 BITS = (None, 4, 8)
+
+Entry = Sequence[KVCache | QuantizedKVCache]  # one stored cache per layer
 
 
 def _trimmed(cache: KVCache, trim: str) -> KVCache:
     """A stored copy of a layer's cache; slicing and copying drop the spare slots."""
     if trim == "none":
         return cache
+    assert cache.keys is not None and cache.values is not None, "a finished request holds tokens"
     n = cache.offset
     keys, values = cache.keys[..., :n, :], cache.values[..., :n, :]
     if trim == "copy":
@@ -44,7 +49,7 @@ def _trimmed(cache: KVCache, trim: str) -> KVCache:
 
 def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     n = 0
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if x != y:
             break
         n += 1
@@ -85,14 +90,15 @@ class PrefixCache(StoreBase):
         self.min_quantize_tokens = min_quantize_tokens
         self.dedupe_before_work = dedupe_before_work
         self.trim_quantized_offset = trim_quantized_offset
-        self._entries: OrderedDict[tuple[int, ...], list] = OrderedDict()
+        self._entries: OrderedDict[tuple[int, ...], Entry] = OrderedDict()
 
-    def _prepare(self, caches: list[KVCache]) -> list:
+    def _prepare(self, caches: list[KVCache]) -> Entry:
         """Trim, then quantize sequences long enough for it to pay."""
-        stored = [_trimmed(c, self.trim) for c in caches]
-        if self.bits is not None and caches[0].offset >= self.min_quantize_tokens:
-            stored = [c.to_quantized(group_size=self.group_size, bits=self.bits) for c in stored]
-            mx.eval([c.state[:2] for c in stored])
+        trimmed = [_trimmed(c, self.trim) for c in caches]
+        if self.bits is None or caches[0].offset < self.min_quantize_tokens:
+            return trimmed
+        stored = [c.to_quantized(group_size=self.group_size, bits=self.bits) for c in trimmed]
+        mx.eval([c.state[:2] for c in stored])
         return stored
 
     def store(self, tokens: tuple[int, ...], caches: list) -> None:
@@ -120,15 +126,18 @@ class PrefixCache(StoreBase):
         self._entries.move_to_end(best)
         return [self._working(c, matched) for c in self._entries[best]], matched
 
-    def _working(self, stored, matched: int) -> KVCache:
+    def _working(self, stored: KVCache | QuantizedKVCache, matched: int) -> KVCache:
         """A working cache for `matched` tokens with no spare slots: its first update grows it.
         A quantized entry is dequantized; with bug #69 it keeps its whole length and offset."""
+        assert stored.keys is not None and stored.values is not None, "a stored entry holds tokens"
         if isinstance(stored, QuantizedKVCache):
             n = matched if self.trim_quantized_offset else stored.offset
-            keys, values = (
-                mx.dequantize(*(x[..., :n, :] for x in parts), group_size=stored.group_size, bits=stored.bits)
-                for parts in (stored.keys, stored.values)
-            )
+
+            def expand(parts: list[mx.array]) -> mx.array:
+                codes, scales, biases = (x[..., :n, :] for x in parts)
+                return mx.dequantize(codes, scales, biases, group_size=stored.group_size, bits=stored.bits)
+
+            keys, values = expand(stored.keys), expand(stored.values)
         else:
             n = matched
             keys, values = stored.keys[..., :n, :], stored.values[..., :n, :]
@@ -144,16 +153,14 @@ class PrefixCache(StoreBase):
         self._entries.clear()
 
 
-def prefix_cache(geometry: Geometry, **options) -> PrefixCache:
-    """Factory for `reference.prefix_cache`."""
-    return PrefixCache(geometry, **options)
-
-
-def _estimate_bytes(geometry: Geometry, workload, budget: int | None = None, **options) -> int:
+def _estimate_bytes(geometry: Geometry, workload: Any, budget: int | None = None, **options: Any) -> int:
     """For the size check: every distinct request kept as an fp16 entry, capped by the budget."""
     tokens = sum(r.prompt + r.decode for r in workload.requests or [])
     held = tokens * geometry.token_bytes() * geometry.batch
     return held if budget is None else min(held, budget)
 
 
-prefix_cache.estimate_bytes = _estimate_bytes
+@with_estimate(_estimate_bytes)
+def prefix_cache(geometry: Geometry, **options: Any) -> PrefixCache:
+    """Factory for `reference.prefix_cache`."""
+    return PrefixCache(geometry, **options)

@@ -14,12 +14,14 @@ chunk; a decode step gets the whole window in slot order.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import _BaseCache
 
 from harness.geometry import LayerSpec
+from harness.protocols import with_estimate
 
 
 class PreallocatedRotatingKVCache(_BaseCache):
@@ -32,7 +34,7 @@ class PreallocatedRotatingKVCache(_BaseCache):
         self.keep = keep
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
-        self.offset = 0
+        self.offset: int | mx.array = 0  # an array of per-row counts in the batch variant
         self._seen = 0  # tokens written so far, padding included
 
     def _slot(self, t: int) -> int:
@@ -40,7 +42,7 @@ class PreallocatedRotatingKVCache(_BaseCache):
             return t
         return self.keep + (t - self.keep) % (self.max_size - self.keep)
 
-    def _runs(self, start: int, stop: int):
+    def _runs(self, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
         """(slot, token, count) runs holding tokens [start, stop): all kept or all in the ring,
         at most one ring's worth, so a run wraps at most once. No run covers the whole buffer:
         MLX makes such an update the update itself, a view that would pin the chunk's larger
@@ -51,7 +53,7 @@ class PreallocatedRotatingKVCache(_BaseCache):
         if n > head:
             yield self._slot(start + head), start + head, n - head
 
-    def _spans(self, start: int, stop: int, ring: int):
+    def _spans(self, start: int, stop: int, ring: int) -> list[tuple[int, int]]:
         """The kept tokens of [start, stop) and its last `ring` unkept ones, as token ranges."""
         kept = (start, min(self.keep, stop))
         recent = (max(start, self.keep, stop - ring), stop)
@@ -59,12 +61,18 @@ class PreallocatedRotatingKVCache(_BaseCache):
 
     def _write(self, keys: mx.array, values: mx.array) -> None:
         """Write a chunk in place; tokens the chunk itself pushes out of the window are skipped."""
+        buffer_keys, buffer_values = self._buffers()
         start, stop = self._seen, self._seen + keys.shape[2]
         for lo, hi in self._spans(start, stop, self.max_size - self.keep):
             for slot, t, count in self._runs(lo, hi):
                 src = slice(t - start, t - start + count)
-                self.keys[..., slot : slot + count, :] = keys[..., src, :]
-                self.values[..., slot : slot + count, :] = values[..., src, :]
+                buffer_keys[..., slot : slot + count, :] = keys[..., src, :]
+                buffer_values[..., slot : slot + count, :] = values[..., src, :]
+
+    def _buffers(self) -> tuple[mx.array, mx.array]:
+        """The key and value buffers, which exist from the first update on."""
+        assert self.keys is not None and self.values is not None, "no update yet"
+        return self.keys, self.values
 
     def _with_history(self, v: mx.array, new: mx.array) -> mx.array:
         """What a prefill chunk attends to: as in mlx-lm, the kept tokens and the last
@@ -78,10 +86,11 @@ class PreallocatedRotatingKVCache(_BaseCache):
             B, H, _, Dk = keys.shape
             self.keys = mx.zeros((B, H, self.max_size, Dk), keys.dtype)
             self.values = mx.zeros((B, H, self.max_size, values.shape[3]), values.dtype)
+        buffer_keys, buffer_values = self._buffers()
         S = keys.shape[2]
         out = (keys, values)
         if S > 1 and self._seen > 0:
-            out = (self._with_history(self.keys, keys), self._with_history(self.values, values))
+            out = (self._with_history(buffer_keys, keys), self._with_history(buffer_values, values))
             # Materialise it before writing so the buffer has no other reader and the writes
             # below reuse it rather than copy it.
             mx.eval(out)
@@ -90,12 +99,12 @@ class PreallocatedRotatingKVCache(_BaseCache):
         self.offset = self.offset + S
         if S > 1:
             # The caller evaluates only what is returned, which need not read the buffer.
-            mx.eval(self.keys, self.values)
+            mx.eval(buffer_keys, buffer_values)
             return out
         held = min(self._seen, self.max_size)
         if held < self.max_size:
-            return self.keys[..., :held, :], self.values[..., :held, :]
-        return self.keys, self.values
+            return buffer_keys[..., :held, :], buffer_values[..., :held, :]
+        return buffer_keys, buffer_values
 
     def size(self) -> int:
         return min(self._seen, self.max_size)
@@ -114,7 +123,7 @@ class PreallocatedRotatingKVCache(_BaseCache):
 
     @property
     def nbytes(self) -> int:
-        if self.keys is None:
+        if self.keys is None or self.values is None:
             return 0
         return self.keys.nbytes + self.values.nbytes
 
@@ -129,8 +138,10 @@ class PreallocatedBatchRotatingKVCache(PreallocatedRotatingKVCache):
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         out = super().update_and_fetch(keys, values)
+        offset = self.offset
+        assert isinstance(offset, mx.array), "a batch cache counts tokens per row"
         # Evaluating the output evaluates the offsets too, so no lazy chain of them builds up.
-        return tuple(mx.depends(list(out), [self.offset]))
+        return tuple(mx.depends(list(out), [offset]))
 
 
 def _window(spec: LayerSpec, max_size: int | None) -> int:
@@ -140,22 +151,21 @@ def _window(spec: LayerSpec, max_size: int | None) -> int:
     return size
 
 
+def _estimate_bytes(spec: LayerSpec, tokens: int, max_size: int | None = None, **options: Any) -> int:
+    """For the size check: the whole window is allocated on the first update, whatever `tokens`."""
+    return _window(spec, max_size) * spec.token_bytes() * spec.batch
+
+
+@with_estimate(_estimate_bytes)
 def rotating(spec: LayerSpec, max_size: int | None = None, keep: int = 0) -> PreallocatedRotatingKVCache:
     """Factory for `reference.rotating`: `max_size` defaults to the layer's window."""
     return PreallocatedRotatingKVCache(_window(spec, max_size), keep)
 
 
+@with_estimate(_estimate_bytes)
 def batch_rotating(
     spec: LayerSpec, max_size: int | None = None, left_padding: list[int] | None = None
 ) -> PreallocatedBatchRotatingKVCache:
     """Factory for `reference.batch_rotating`: rows unpadded unless `left_padding` says."""
     return PreallocatedBatchRotatingKVCache(_window(spec, max_size), left_padding or [0] * spec.batch)
 
-
-def _estimate_bytes(spec: LayerSpec, tokens: int, max_size: int | None = None, **options) -> int:
-    """For the size check: the whole window is allocated on the first update, whatever `tokens`."""
-    return _window(spec, max_size) * spec.token_bytes() * spec.batch
-
-
-rotating.estimate_bytes = _estimate_bytes
-batch_rotating.estimate_bytes = _estimate_bytes

@@ -16,7 +16,7 @@ fp16 `KVCache`, 16/b times the codes, and the quantized and fp16 copies coexist 
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import mlx.core as mx
@@ -28,7 +28,7 @@ ON_RESTORE = ("dequantize", "keep")
 _WORD = 32
 
 
-@lru_cache(maxsize=None)
+@cache
 def signs(head_dim: int, seed: int = 0) -> mx.array:
     """The rotation's random signs for `head_dim`, float32, the same for a given seed."""
     drawn = np.random.default_rng([seed, head_dim]).choice([-1.0, 1.0], head_dim)
@@ -146,8 +146,8 @@ class TurboQuantKVCache(_BaseCache):
                 self.packed = grow
             else:
                 held = [p[..., :start, :] for p in self.packed]
-                self.packed = [mx.concatenate([h, g], axis=2) for h, g in zip(held, grow)]
-        for buffer, part in zip(self.packed, parts):
+                self.packed = [mx.concatenate([h, g], axis=2) for h, g in zip(held, grow, strict=True)]
+        for buffer, part in zip(self.packed, parts, strict=True):
             buffer[..., start:end, :] = part
         self.quantized = end
 
@@ -162,7 +162,7 @@ class TurboQuantKVCache(_BaseCache):
                  *quantize(v[..., lo:hi, :], self.bits, self.seed)]
         if start >= self.quantized:
             return fresh
-        return [mx.concatenate([p, f], axis=2) for p, f in zip(parts, fresh)]
+        return [mx.concatenate([p, f], axis=2) for p, f in zip(parts, fresh, strict=True)]
 
     def codes(self, start: int = 0, end: int | None = None) -> list[mx.array]:
         """Copies (no views of this cache's buffers) of the codes of tokens [start, end)."""
@@ -171,7 +171,7 @@ class TurboQuantKVCache(_BaseCache):
     @classmethod
     def restore(cls, blocks: list[list[mx.array]], **options) -> TurboQuantKVCache | KVCache:
         """A working cache, as `from_state` makes it, from consecutive blocks of `codes()`."""
-        parts = [mx.concatenate(column, axis=2) for column in zip(*blocks)]
+        parts = [mx.concatenate(list(column), axis=2) for column in zip(*blocks, strict=True)]
         return cls.from_state(cls(**options)._state(parts, parts[0].shape[2]))
 
     def expanded(self) -> KVCache:

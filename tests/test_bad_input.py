@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 
 import harness.cli
 from harness import components, metrics
-from harness.gate import compare
 from harness.cli import main
-from harness.scenario import ScenarioError, load_variants as load
+from harness.gate import compare
+from harness.scenario import ScenarioError
+from harness.scenario import load_variants as load
 
 CORPUS = Path(__file__).parent / "data" / "bad_scenarios"
 EXPECTED = json.loads((CORPUS / "EXPECTED.json").read_text(encoding="utf-8"))
@@ -92,7 +93,8 @@ def test_run_over_the_whole_corpus_stops_at_the_first_bad_file(tmp_path, capsys)
 
 
 @pytest.mark.parametrize("text, check", [
-    ("name: qwen3_8b_growth\nworkload: {requests: [{prompt: 16}]}\n", lambda s: s[0].scenario == "qwen3_8b_growth"),
+    ("name: qwen3_8b_growth\nworkload: {requests: [{prompt: 16}]}\n",
+     lambda s: s[0].scenario == "qwen3_8b_growth"),
     ("name: trim-slice\nworkload: {requests: [{prompt: 16}]}\n", lambda s: s[0].scenario == "trim-slice"),
     ("name: q8.threshold\nworkload: {requests: [{prompt: 16}]}\n", lambda s: s[0].scenario == "q8.threshold"),
     ("name: größe_ü\nworkload: {requests: [{prompt: 16}]}\n", lambda s: s[0].scenario == "größe_ü"),
@@ -204,7 +206,7 @@ def _names_a_user_component(data: bytes) -> bool:
     would import user code in a child process, which is slow and not what this test is about."""
     try:
         document = yaml.safe_load(data.decode("utf-8"))
-    except Exception:  # noqa: BLE001 - any failure here is the loader's to report
+    except Exception:
         return False  # the loader refuses it before any component is resolved
     stack, seen = [document], set()
     while stack:

@@ -9,8 +9,8 @@ import pytest
 
 from harness.cli import main
 from harness.gate import compare as cmp
-from harness.summary_io import Noise, Summary, load_summaries
 from harness.gate.render import COMMENT_LIMIT, MARKER, render_markdown, sparkline
+from harness.summary_io import Noise, Summary, load_summaries
 from harness.units import format_bytes
 from tests.summaries import TRIM_SCENARIO, MiB, summary, write
 
@@ -264,8 +264,8 @@ def trim_runs(tmp_path_factory):
 
     from rich.console import Console
 
-    from harness.scenario import load_variants as load
     from harness.run.suite import run_variants
+    from harness.scenario import load_variants as load
 
     root = tmp_path_factory.mktemp("gate")
     fixed, buggy = root / "trim.yaml", root / "trim_bug.yaml"

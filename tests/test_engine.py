@@ -19,7 +19,7 @@ def growth_spec(**extra):
 
 
 def test_kvcache_steady_bytes_equal_the_analytic_capacity():
-    frame, findings, figures = serve(growth_spec())
+    _frame, _findings, figures = serve(growth_spec())
     # 800 tokens sit in 1024 slots: 4 blocks of 256.
     assert figures["steady"] == 1024 * TOKEN_BYTES == 16 * 2**20
     assert figures["minimum"] == 800 * TOKEN_BYTES
@@ -29,7 +29,7 @@ def test_kvcache_steady_bytes_equal_the_analytic_capacity():
 
 
 def test_kvcache_growth_steps_are_found_at_every_256_token_boundary():
-    frame, findings, figures = serve(growth_spec())
+    _frame, findings, _figures = serve(growth_spec())
     # Row 0 is the baseline, row 1 the 100-token prefill, row k >= 2 decodes token 99 + k.
     boundaries = [t + 1 for t in (256, 512, 768)]
     expected_steps = [t - 99 for t in boundaries]
@@ -57,7 +57,7 @@ def test_a_leaking_store_is_flagged_with_its_bytes_per_request():
                          "options": {"leak": True}}},
         workload={"prefill_chunk": 128, "requests": [{"prompt": 200, "decode": 56, "repeat": 6}]},
     )
-    frame, findings, figures = serve(spec)
+    _frame, findings, figures = serve(spec)
     assert [f.kind for f in findings] == ["leak"]
     # Layer 0's keys of each request: 256 slots x 8 heads x 128 x 2 bytes.
     assert findings[0].bytes == figures["leak_rate"] == 256 * 8 * 128 * 2
@@ -70,7 +70,7 @@ def test_the_same_store_without_the_leak_raises_no_finding():
                          "options": {"leak": False}}},
         workload={"prefill_chunk": 128, "requests": [{"prompt": 200, "decode": 56, "repeat": 6}]},
     )
-    frame, findings, figures = serve(spec)
+    _frame, findings, figures = serve(spec)
     assert findings == []
     assert figures["leak_rate"] == 0 and figures["final"] == 0
 
@@ -107,7 +107,7 @@ def test_sliding_layers_hold_their_window_and_recurrent_layers_a_fixed_state():
         ]},
         workload={"prefill_chunk": 64, "requests": [{"prompt": 64, "decode": 200}]},
     )
-    frame, findings, figures = serve(spec)
+    _frame, findings, figures = serve(spec)
     token = 2 * 2 * 64 * 2
     # 264 tokens: sliding layers keep 128 each, the full layer 512 slots (two 256 blocks),
     # the recurrent layer its 64 KiB state.

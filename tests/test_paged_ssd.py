@@ -40,8 +40,8 @@ pytestmark = pytest.mark.usefixtures("exact_allocator")
 
 
 def make_caches(geometry=GEOMETRY, full=None) -> list:
-    kinds = {"full": full or (lambda l: mx_kv()), "sliding": rotating, "recurrent": RecurrentState}
-    return [kinds[l.kind](l) for l in geometry.layers]
+    kinds = {"full": full or (lambda layer: mx_kv()), "sliding": rotating, "recurrent": RecurrentState}
+    return [kinds[layer.kind](layer) for layer in geometry.layers]
 
 
 def mx_kv():
@@ -55,7 +55,7 @@ def prefill(store, tokens, caches=None, start=0, chunk=32, geometry=GEOMETRY) ->
     for pos in range(start, len(tokens), chunk):
         done = min(pos + chunk, len(tokens))
         out = []
-        for layer, cache in zip(geometry.layers, caches):
+        for layer, cache in zip(geometry.layers, caches, strict=True):
             shape = (1, max(layer.kv_heads, 1), done - pos, max(layer.head_dim, 1))
             k = mx.full(shape, float(pos % 7), dtype=layer.dtype)
             out.append(cache.update_and_fetch(k, k))
@@ -92,7 +92,7 @@ def test_only_full_blocks_under_chained_keys(stores):
     serve(store, TOKENS)
     assert list(store._hot) == store._chain(TOKENS, 4)
     # Same tokens from block 1 on, another first block: no key shared.
-    other = (999,) + TOKENS[1:]
+    other = (999, *TOKENS[1:])
     assert not set(store._chain(other, 4)) & set(store._hot)
 
 
@@ -209,7 +209,7 @@ def test_turboquant_blocks_hold_codes_and_a_hit_restores_as_on_restore_says(stor
     if on_restore == "keep":
         assert [type(c) for c in caches[:2]] == [TurboQuantKVCache] * 2
         assert [c.nbytes for c in caches[:2]] == [4 * CODES] * 2
-        assert all(mx.array_equal(a, b) for a, b in zip(caches[0].state[:4], codes))
+        assert all(mx.array_equal(a, b) for a, b in zip(caches[0].state[:4], codes, strict=True))
     else:
         assert [type(c).__name__ for c in caches[:2]] == ["KVCache"] * 2
         assert [c.nbytes for c in caches[:2]] == [4 * FULL_PIECE] * 2
@@ -228,7 +228,7 @@ def test_turboquant_blocks_read_back_from_disk_restore_the_same_codes(stores, tm
     restored = restore_layer([b.pieces[1] for b in blocks])
     assert type(restored) is TurboQuantKVCache and restored.offset == 4 * BLOCK
     assert restored.nbytes == 4 * CODES and (restored.bits, restored.on_restore) == (4, "keep")
-    assert all(mx.array_equal(a, b) for a, b in zip(restored.state[:4], caches[1].codes(0, 256)))
+    assert all(mx.array_equal(a, b) for a, b in zip(restored.state[:4], caches[1].codes(0, 256), strict=True))
 
 
 def test_a_full_layer_that_cannot_be_cut_by_token_is_refused(stores):

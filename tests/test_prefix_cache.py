@@ -109,11 +109,11 @@ def test_fetch_finds_the_longest_prefix_and_cuts_longer_entries():
     store.store(tokens(300), caches)
     working, matched = store.fetch(tokens(300))
     assert matched == 300
-    working, matched = store.fetch(tokens(300) + (7, 8, 9))  # the stored entry is a prefix
+    working, matched = store.fetch((*tokens(300), 7, 8, 9))  # the stored entry is a prefix
     assert matched == 300
-    working, matched = store.fetch(tokens(120) + (99999,))  # shorter match from a longer entry
+    working, matched = store.fetch((*tokens(120), 99999))  # shorter match from a longer entry
     assert matched == 120
-    for w, c in zip(working, caches):
+    for w, c in zip(working, caches, strict=True):
         assert w.offset == 120 and w.keys.shape[2] == 120  # no spare slots
         assert mx.array_equal(w.keys, c.keys[..., :120, :])
     working[0].update_and_fetch(*request_caches(1)[0].state[:2])
@@ -129,7 +129,7 @@ def test_fetch_dequantizes_into_a_working_kv_cache():
     mx.clear_cache()
     base = active()
     mx.reset_peak_memory()
-    working, matched = store.fetch(tokens(300))
+    working, _matched = store.fetch(tokens(300))
     mx.eval([w.state for w in working])
     assert type(working[0]) is KVCache and working[0].keys.dtype == mx.float16
     assert active() - base == LAYERS * 300 * TOKEN_BYTES  # a full fp16 copy next to the entry
@@ -145,7 +145,7 @@ def test_bug_69_appends_after_the_untrimmed_quantized_entry(fixed):
     working, matched = store.fetch(tokens(100) + tokens(50, 9000))
     assert matched == 100
     new = request_caches(50, seed=3)
-    for w, c in zip(working, new):
+    for w, c in zip(working, new, strict=True):
         mx.eval(w.update_and_fetch(c.keys[..., :50, :], c.values[..., :50, :]))
     del new, c
     held = 100 + 256 if fixed else 600 + 256  # slots after the first growth step

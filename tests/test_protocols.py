@@ -10,9 +10,18 @@ from mlx.utils import tree_flatten
 from mlx_lm.models import cache as mlx_cache
 
 from harness.geometry import build
+from harness.protocols import (
+    LayerCache,
+    Session,
+    SessionBase,
+    Store,
+    StoreBase,
+    TokenRanged,
+    Trimmable,
+    join_ranges,
+    state_range,
+)
 from harness.run.recurrent import RecurrentState
-from harness.protocols import (LayerCache, Session, SessionBase, Store, StoreBase, TokenRanged,
-                               Trimmable, join_ranges, state_range)
 from reference_impl.chat import ChatSession
 from reference_impl.paged_ssd import PagedSSDStore
 from reference_impl.prefix_cache import PrefixCache
@@ -45,7 +54,7 @@ def fill(caches: list, steps: list[int], batch: int = 1) -> None:
 def assert_same_state(a, b) -> None:
     flat_a, flat_b = tree_flatten(a.state), tree_flatten(b.state)
     assert [p for p, _ in flat_a] == [p for p, _ in flat_b]
-    for (path, x), (_, y) in zip(flat_a, flat_b):
+    for (path, x), (_, y) in zip(flat_a, flat_b, strict=True):
         if isinstance(x, mx.array):
             assert x.dtype == y.dtype and mx.array_equal(x, y), path
         else:
@@ -79,19 +88,19 @@ def test_save_and_load_prompt_cache_round_trip(tmp_path, kind):
     loaded, metadata = mlx_cache.load_prompt_cache(path, return_metadata=True)
     assert metadata == {"who": "kvmem"}
     assert [type(c) for c in loaded] == [type(c) for c in caches]
-    for original, copy in zip(caches, loaded):
+    for original, copy in zip(caches, loaded, strict=True):
         assert isinstance(copy, LayerCache)
         assert mx.array_equal(mx.array(copy.offset), mx.array(original.offset))
         assert_same_state(copy, original)
     # TurboQuant's pending fp16 tokens come back as codes, as its state has them.
     assert [c.nbytes for c in loaded] == [
         n if not isinstance(c, TurboQuantKVCache) else sum(a.nbytes for a in c.state[:4])
-        for c, n in zip(caches, nbytes)]
+        for c, n in zip(caches, nbytes, strict=True)]
     # A loaded cache carries on exactly as the original would.
     batch = 2 if kind == "batch" else 1
     for n in (1, 9, 1):
         keys, values = kv(1000 + n, n, batch)
-        for original, copy in zip(caches, loaded):
+        for original, copy in zip(caches, loaded, strict=True):
             mx.eval(original.update_and_fetch(keys, values), copy.update_and_fetch(keys, values))
             assert_same_state(copy, original)
 

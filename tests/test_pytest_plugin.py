@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import importlib.metadata
 
+import mlx_lm.models.cache  # noqa: F401
+
 # Imported here so that each in-process pytester session finds them loaded (it drops modules
 # first imported inside it).
-import harness.detect  # noqa: F401
+import harness.detect
 import harness.gate.render  # noqa: F401
-import mlx_lm.models.cache  # noqa: F401
 
 pytest_plugins = ["pytester"]
 

@@ -62,7 +62,8 @@ def test_single_outputs_match_mlx_lm(max_size, keep, pattern):
     start = 0
     for n in PATTERNS[pattern]:
         keys, values = chunk(start, n)
-        a, b = time_order(*theirs.update_and_fetch(keys, values)), time_order(*ours.update_and_fetch(keys, values))
+        a = time_order(*theirs.update_and_fetch(keys, values))
+        b = time_order(*ours.update_and_fetch(keys, values))
         assert a[0].shape == b[0].shape
         assert mx.array_equal(a[0], b[0]) and mx.array_equal(a[1], b[1]), (start, n)
         assert ours.offset == theirs.offset == start + n
@@ -74,11 +75,13 @@ def test_single_outputs_match_mlx_lm(max_size, keep, pattern):
 @pytest.mark.parametrize("pattern", PATTERNS)
 def test_batch_outputs_match_mlx_lm_with_left_padding(max_size, pattern):
     padding = [0, 3, 11]
-    theirs, ours = BatchRotatingKVCache(max_size, padding), PreallocatedBatchRotatingKVCache(max_size, padding)
+    theirs = BatchRotatingKVCache(max_size, padding)
+    ours = PreallocatedBatchRotatingKVCache(max_size, padding)
     start = 0
     for n in PATTERNS[pattern]:
         keys, values = chunk(start, n, batch=3)
-        a, b = time_order(*theirs.update_and_fetch(keys, values)), time_order(*ours.update_and_fetch(keys, values))
+        a = time_order(*theirs.update_and_fetch(keys, values))
+        b = time_order(*ours.update_and_fetch(keys, values))
         assert mx.array_equal(a[0], b[0]) and mx.array_equal(a[1], b[1]), (start, n)
         assert ours.offset.tolist() == theirs.offset.tolist() == [start + n - p for p in padding]
         start += n

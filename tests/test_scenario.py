@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.cli import main
-from harness.scenario import ScenarioError, load_variants as load
+from harness.scenario import ScenarioError
+from harness.scenario import load_variants as load
 from harness.units import parse_size
 
 VALID = """
@@ -57,7 +58,7 @@ model: {preset: gemma-4-26b-a4b, layers: 6, window: 128}
 workload: {requests: [{prompt: 10}]}
 """)
     geometry = load(path)[0].spec.geometry()
-    assert [l.kind for l in geometry.layers] == ["sliding"] * 5 + ["full"]
+    assert [layer.kind for layer in geometry.layers] == ["sliding"] * 5 + ["full"]
     assert geometry.layers[0].window == 128 and geometry.vocab == 262144
 
 

@@ -49,7 +49,7 @@ class Tolerance:
 
 DEFAULT_TOLERANCES: dict[str, Tolerance] = {
     # Under load the CPU step peak usually moves by up to ~2 MiB between identical runs; a
-    # variant that moves more records its spread (harness.noise), which widens this floor.
+    # variant that moves more records its spread (harness.gate.noise), which widens this floor.
     "peak": Tolerance(rel=0.0, abs=4 * MiB),
     "largest_spike": Tolerance(rel=0.0, abs=4 * MiB),
     # Exact on one backend: the floor only absorbs float rounding in the fitted leak rate.

@@ -1,8 +1,11 @@
 """Renderings of a comparison: terminal text, a pull-request comment, JSON and JUnit XML.
 
+Each is a function from a `Comparison` to text, registered in `RENDERERS` under its `--format`
+name; `compare` and `baseline check` take their `--format` choices from that registry.
+
 The markdown comment is read by a maintainer in a few seconds: the verdict first, then only what
 changed; the rest is folded. It starts with a hidden marker so a workflow can find and update
-its own comment, and stays well under GitHub's 65,536-character limit.
+its own comment, and is capped at COMMENT_LIMIT characters, well under GitHub's 65,536.
 """
 
 from __future__ import annotations
@@ -13,8 +16,7 @@ import xml.etree.ElementTree as ET
 from ..metrics import METRICS
 from ..summary_io import Noise
 from ..units import format_bytes
-from .compare import (COMPARED, FAILED, INCOMPARABLE, NEW, REMOVED, Comparison, Entry,
-                      MetricDelta, Tolerance)
+from .compare import COMPARED, FAILED, INCOMPARABLE, NEW, REMOVED, Comparison, Entry, MetricDelta, Tolerance
 
 MARKER = "<!-- kvmem-memory-delta -->"
 COMMENT_LIMIT = 50_000
@@ -137,7 +139,8 @@ def render_text(comparison: Comparison) -> str:
 
 
 def _spark_rows(entry: Entry, width: int) -> list[str]:
-    series = [((s.data.get("series") or {}).get("active") or []) for s in (entry.base, entry.head)]
+    series = [((s.data.get("series") or {}).get("active") or []) if s else []
+              for s in (entry.base, entry.head)]
     if not all(series):
         return []
     lo, hi = min(min(s) for s in series), max(max(s) for s in series)

@@ -2,25 +2,28 @@
 
 For each request: look the prompt up in the store (if any), prefill the rest in chunks, decode,
 store, release. A chat runs its turns against one session. Every chunk, token, fetch and store is
-one step bracketed by the probe. Each variant runs in its own process (`execute`), so a variant
-that segfaults or is killed for memory becomes a failed run instead of taking the others down.
+one step bracketed by the probe, and an idle sample follows each request or turn. The engine
+serves in whatever process creates it: `harness.run.isolation.execute` creates one in a child
+process per variant (so a variant that segfaults or is killed for memory becomes a failed run
+instead of taking the others down), the scenario tests and the benchmark in their own.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
 from ..components import resolve
 from ..geometry import KIND_RECURRENT, KIND_SLIDING, Geometry
+from ..protocols import LayerCache, Session, Store
+from ..scenario import ChatSpec, ScenarioSpec, WorkloadSpec
+from .probe import Probe, release_freed_heap
 from .recurrent import RecurrentState
 from .synthetic import SyntheticKV
-from .probe import Probe, release_freed_heap
-from ..protocols import LayerCache, Session, Store
-from ..scenario import ScenarioSpec, WorkloadSpec
 
 
 def request_plan(workload: WorkloadSpec, vocab: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -51,7 +54,7 @@ def planned_steps(spec: ScenarioSpec) -> int:
         return chat.turns * (math.ceil(chat.user / chunk) + chat.model + 1) + 1
     extra = 3 if spec.cache.store is not None else 1  # fetch, store, idle
     return 1 + sum(
-        r.repeat * (math.ceil(r.prompt / chunk) + r.decode + extra) for r in workload.requests
+        r.repeat * (math.ceil(r.prompt / chunk) + r.decode + extra) for r in workload.requests or []
     )
 
 
@@ -106,7 +109,7 @@ class Engine:
     def _forward(self, caches: list[LayerCache], tokens: int) -> int:
         """One model step over every layer: fresh K/V in, cache update, evaluated together."""
         outputs, work = [], 0
-        for layer, cache in zip(self.geometry.layers, caches):
+        for layer, cache in zip(self.geometry.layers, caches, strict=True):
             keys, values = self.source.make(layer, tokens)
             work += self.source.input_bytes(layer, tokens)
             outputs.append(cache.update_and_fetch(keys, values))
@@ -171,12 +174,12 @@ class Engine:
             del caches
             self.idle()
 
-    def serve_chat(self) -> None:
-        chat = self.spec.workload.chat
+    def serve_chat(self, chat: ChatSpec) -> None:
         rng = np.random.default_rng([self.spec.sampling.seed, 0])
         turn_tokens = rng.integers(0, self.geometry.vocab, chat.user + chat.model)
         caches = self.make_caches()
-        self._live, self._request, turns = [caches], 0, []
+        self._live, self._request = [caches], 0
+        turns: list[int] = []  # tokens of each turn held, oldest first
         for turn in range(chat.turns):
             self._turn = turn
             if self.session is not None:
@@ -199,8 +202,9 @@ class Engine:
 
     def serve(self) -> None:
         self.idle()  # the baseline: pools drawn, nothing cached yet
-        if self.spec.workload.chat is not None:
-            self.serve_chat()
+        chat = self.spec.workload.chat
+        if chat is not None:
+            self.serve_chat(chat)
         else:
             self.serve_requests()
 

@@ -12,6 +12,7 @@ side is killed; on Linux the child also dies with its parent (`PR_SET_PDEATHSIG`
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing as mp
 import os
@@ -19,18 +20,19 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Callable
+from typing import Any
 
 import numpy as np
 import psutil
 
 from ..components import resolve
-from .synthetic import SyntheticKV
-from .probe import ROW, Probe
+from ..scenario import ComponentSpec, ScenarioSpec, Variant
 from .engine import Engine
-from ..scenario import ScenarioSpec, Variant
+from .probe import ROW, Probe
+from .synthetic import SyntheticKV
 
 RUNTIME_SLACK = 256 * 2**20  # interpreter, MLX and the sample rows
 DEFAULT_TIMEOUT = 1800.0  # seconds; a scenario or `--timeout` says otherwise
@@ -53,7 +55,7 @@ def _context_tokens(spec: ScenarioSpec) -> int:
     workload = spec.workload
     if workload.chat is not None:
         return workload.chat.turns * (workload.chat.user + workload.chat.model)
-    return max(r.prompt + r.decode for r in workload.requests)
+    return max(r.prompt + r.decode for r in workload.requests or [])
 
 
 def estimate_bytes(spec: ScenarioSpec) -> int:
@@ -67,28 +69,28 @@ def estimate_bytes(spec: ScenarioSpec) -> int:
     """
     geometry, workload = spec.geometry(), spec.workload
     context = _context_tokens(spec)
-    caches = 0
-    for layer in geometry.layers:
-        grown = 2 * layer.minimum_bytes(context + 256)
-        component = {"full": spec.cache.layer, "sliding": spec.cache.sliding}.get(layer.kind)
-        stated = getattr(resolve(component.component), "estimate_bytes", None) if component else None
-        caches += max(grown, stated(layer, context, **component.options) if stated else 0)
-    chunk = sum(SyntheticKV.input_bytes(l, workload.prefill_chunk) for l in geometry.layers)
-    extra = 0
-    for component in (spec.cache.store, spec.cache.session):
-        stated = getattr(resolve(component.component), "estimate_bytes", None) if component else None
-        if stated is not None:
-            extra += stated(geometry, workload, **component.options)
+    layer_caches = {"full": spec.cache.layer, "sliding": spec.cache.sliding}
+    caches = sum(max(2 * layer.minimum_bytes(context + 256),
+                     _stated(layer_caches.get(layer.kind), layer, context))
+                 for layer in geometry.layers)
+    chunk = sum(SyntheticKV.input_bytes(layer, workload.prefill_chunk) for layer in geometry.layers)
+    extra = sum(_stated(part, geometry, workload) for part in (spec.cache.store, spec.cache.session))
     return caches + 2 * chunk + extra + RUNTIME_SLACK
+
+
+def _stated(component: ComponentSpec | None, *args: Any) -> int:
+    """What a component's factory says it holds (its `estimate_bytes`), or 0 if it says nothing."""
+    if component is None:
+        return 0
+    estimate = getattr(resolve(component.component), "estimate_bytes", None)
+    return 0 if estimate is None else int(estimate(*args, **component.options))
 
 
 def _die_with_parent(parent: int) -> None:
     """Ask Linux to kill this child when its parent goes, however the parent ends."""
     if sys.platform.startswith("linux"):
-        try:
+        with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):
-            pass
         if os.getppid() != parent:  # the parent was gone before the request took effect
             os._exit(1)
 
