@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import signal
 import sys
 import threading
@@ -282,8 +283,21 @@ def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _import_from_cwd() -> None:
+    """Resolve import-path components from the current folder, as `python -m harness` does.
+
+    `python -m` puts the current folder first on sys.path and a console script does not, so
+    without this `kvmem run scenarios` could not find `examples.leaky_store` where
+    `python -m harness run scenarios` does. Spawned children inherit the path.
+    """
+    here = os.getcwd()
+    if "" not in sys.path and here not in sys.path:
+        sys.path.insert(0, here)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    _import_from_cwd()
     # Logs in CI are wide; a terminal keeps its own width.
     console = Console(width=None if sys.stdout.isatty() else 160)
     errors = Console(stderr=True, soft_wrap=True)

@@ -53,7 +53,7 @@ def test_kvcache_growth_steps_are_found_at_every_256_token_boundary():
 
 def test_a_leaking_store_is_flagged_with_its_bytes_per_request():
     spec = make_spec(
-        cache={"store": {"component": "tests.fixtures.components:LeakyStore",
+        cache={"store": {"component": "examples.leaky_store:LeakyStore",
                          "options": {"leak": True}}},
         workload={"prefill_chunk": 128, "requests": [{"prompt": 200, "decode": 56, "repeat": 6}]},
     )
@@ -66,7 +66,7 @@ def test_a_leaking_store_is_flagged_with_its_bytes_per_request():
 
 def test_the_same_store_without_the_leak_raises_no_finding():
     spec = make_spec(
-        cache={"store": {"component": "tests.fixtures.components:LeakyStore",
+        cache={"store": {"component": "examples.leaky_store:LeakyStore",
                          "options": {"leak": False}}},
         workload={"prefill_chunk": 128, "requests": [{"prompt": 200, "decode": 56, "repeat": 6}]},
     )

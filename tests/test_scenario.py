@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import yaml
@@ -128,7 +129,7 @@ FIELDS = ["name", "model", "cache", "workload", "requests", "prompt", "decode", 
           "peak", "chat", "turns", "prefix", "repeat", "window", "kind", "count", "sampling"]
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.floats(allow_nan=True),
                     st.sampled_from(["qwen3-8b", "512 MiB", "-1 GiB", "mlx_lm.KVCache", "detected",
-                                     "x:y", "tests.fixtures.components:LeakyStore", "full"]),
+                                     "x:y", "examples.leaky_store:LeakyStore", "full"]),
                     st.text(max_size=12))
 documents = st.recursive(
     scalars,
@@ -159,3 +160,16 @@ def test_arbitrary_text_loads_or_fails_with_a_scenario_error(tmp_path, text):
         load(path)
     except ScenarioError as exc:
         assert str(path) in str(exc)
+
+
+def test_the_console_script_finds_import_path_components_in_the_current_folder(tmp_path):
+    """`kvmem` resolves `examples.leaky_store` from the current folder as `python -m` does."""
+    script = Path(sys.executable).with_name("kvmem")
+    if not script.exists():
+        pytest.skip("the kvmem console script is not installed beside this interpreter")
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run([str(script), "run", "scenarios/import_path_leak.yaml", "--variant",
+                           "clean", "--out", str(tmp_path / "out")],
+                          cwd=repo, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / "import_path_leak" / "clean" / "summary.json").exists()
