@@ -153,13 +153,13 @@ def write_variant(out: Path, frame: pd.DataFrame, summary: dict,
             plot_variant(frame, findings, title, staging / "memory.png")
         (staging / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         os.chmod(staging, 0o777 & ~UMASK)
-        _swap_into_place(staging, out)
+        swap_into_place(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
 
 
-def _swap_into_place(staging: Path, out: Path) -> None:
+def swap_into_place(staging: Path, out: Path) -> None:
     """Rename `staging` to `out`; an old `out` is moved aside first and removed after."""
     if not out.exists():
         os.replace(staging, out)

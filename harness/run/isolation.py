@@ -8,6 +8,10 @@ the child, so one that exits or crashes at import cannot end the parent.
 
 The child sends its rows back through a pipe, not a file, so nothing is left on disk when either
 side is killed; on Linux the child also dies with its parent (`PR_SET_PDEATHSIG`).
+
+The child works in two phases so that the parent can schedule by memory without importing user
+code: it computes its footprint estimate (which may import components), sends it, and waits for
+the parent's verdict (`admit`): serve, or a refusal message. `harness.run.schedule` decides.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -86,6 +91,23 @@ def _stated(component: ComponentSpec | None, *args: Any) -> int:
     return 0 if estimate is None else int(estimate(*args, **component.options))
 
 
+def available_memory() -> int:
+    """Bytes the machine can still give a new variant (tests patch it to make memory scarce)."""
+    return int(psutil.virtual_memory().available)
+
+
+def refusal(estimate: int, available: int) -> str:
+    """Why a variant was refused, with its estimate: the refused summary's error."""
+    return (f"estimated footprint {estimate / 2**30:.2f} GiB exceeds the "
+            f"{available / 2**30:.2f} GiB available")
+
+
+def fits_alone(estimate: int) -> str | None:
+    """The default verdict: serve a variant that fits in available memory, else the refusal."""
+    available = available_memory()
+    return refusal(estimate, available) if estimate > available else None
+
+
 def _die_with_parent(parent: int) -> None:
     """Ask Linux to kill this child when its parent goes, however the parent ends."""
     if sys.platform.startswith("linux"):
@@ -95,8 +117,9 @@ def _die_with_parent(parent: int) -> None:
             os._exit(1)
 
 
-def _child(variant: Variant, pipe: Connection, last_step, parent: int) -> None:
-    """Runs in the child: check the footprint, serve, and send back rows and the outcome.
+def _child(variant: Variant, pipe: Connection, verdicts: Connection, last_step,
+           parent: int) -> None:
+    """Runs in the child: estimate, wait for the parent's verdict, serve, send rows and outcome.
 
     Ctrl-C reaches the whole process group; the parent decides what the child does about it.
     """
@@ -107,11 +130,9 @@ def _child(variant: Variant, pipe: Connection, last_step, parent: int) -> None:
     engine = None
     try:
         message["estimate"] = estimate = estimate_bytes(variant.spec)
-        available = psutil.virtual_memory().available
-        if estimate > available:
-            message["refused"] = (f"estimated footprint {estimate / 2**30:.2f} GiB exceeds the "
-                                  f"{available / 2**30:.2f} GiB available")
-        else:
+        pipe.send({"estimate": estimate})
+        message["refused"] = verdicts.recv()  # None: serve
+        if message["refused"] is None:
             engine = Engine(variant.spec, probe, lambda steps: setattr(last_step, "value", steps))
             engine.serve()
             message["completed"] = True
@@ -138,39 +159,52 @@ def _how(code: int | None) -> str:
 
 
 def execute(variant: Variant, on_step: Callable[[int], None] | None = None,
-            timeout: float | None = None) -> RunOutcome:
+            timeout: float | None = None, admit: Callable[[int], str | None] = fits_alone,
+            stop: threading.Event | None = None) -> RunOutcome:
     """Run one variant in a child process; never raises for what happens inside the child.
 
     A run counts as `ok` only when the child says it served the whole workload: a child that
     exits early, even with status 0, is a failed run. `timeout` (seconds, default
     DEFAULT_TIMEOUT) kills a child that hangs. An interrupt of the parent kills the child first.
+    `admit` gets the child's estimate and returns None (serve) or a refusal message; time spent
+    in it (waiting for memory) counts toward neither the timeout nor the wall time. `stop`, set
+    by another thread, kills the child as an interrupt would.
     """
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     context = mp.get_context("spawn")
     last_step = context.Value("q", 0, lock=False)
     receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(variant, send, last_step, os.getpid()),
+    verdicts, verdict = context.Pipe(duplex=False)
+    child = context.Process(target=_child,
+                            args=(variant, send, verdicts, last_step, os.getpid()),
                             name=f"kvmem {variant.label}", daemon=True)
     start = time.perf_counter()
     message: dict | None = None
-    timed_out = False
+    ended = None  # why the parent killed the child, if it did
     try:
         child.start()
         send.close()
+        verdicts.close()
         while message is None:
             if receive.poll(0.1):
                 try:
                     message = receive.recv()
                 except (EOFError, OSError):
                     break  # the child died while sending, or before
+                if "rows" not in message:  # the estimate: the child waits for a verdict
+                    start += _judge(message["estimate"], admit, verdict)
+                    message = None
             elif not child.is_alive() and not receive.poll(0):
                 break
             if on_step is not None:
                 on_step(last_step.value)
             if time.perf_counter() - start > timeout:
-                timed_out = True
+                ended = f"timed out after {timeout:g} s"
+            elif stop is not None and stop.is_set():
+                ended = "interrupted"
+            if ended:
                 break
-        if timed_out:
+        if ended:
             child.kill()
         child.join(timeout=30)
     finally:
@@ -178,15 +212,29 @@ def execute(variant: Variant, on_step: Callable[[int], None] | None = None,
             child.kill()
             child.join()
         receive.close()
-    wall = time.perf_counter() - start
-    code, steps = child.exitcode, last_step.value
-    message = message or {}
+        verdict.close()
+    return _outcome(variant, message or {}, ended, child.exitcode, last_step.value,
+                    time.perf_counter() - start)
+
+
+def _judge(estimate: int, admit: Callable[[int], str | None], verdict: Connection) -> float:
+    """Send the child its verdict; the seconds spent deciding (waiting for memory)."""
+    began = time.perf_counter()
+    decision = admit(estimate)
+    with contextlib.suppress(OSError):  # a child that died meanwhile is seen by the caller
+        verdict.send(decision)
+    return time.perf_counter() - began
+
+
+def _outcome(variant: Variant, message: dict, ended: str | None, code: int | None, steps: int,
+             wall: float) -> RunOutcome:
+    """What the child's last message, or its silence, says about the run."""
     rows = message.get("rows", np.zeros(0, dtype=ROW))
     estimate = message.get("estimate", 0)
     if message.get("refused"):
         return RunOutcome(variant, "refused", rows, message["refused"], None, 0, wall, estimate)
-    if timed_out:
-        error = f"timed out after {timeout:g} s at step {steps}: the variant's process was killed"
+    if ended:
+        error = f"{ended} at step {steps}: the variant's process was killed"
     elif message.get("error"):
         error = message["error"]
     elif not message.get("completed"):

@@ -1,18 +1,24 @@
 """Runs scenario variants end to end: execute, detect, check, write the reports.
 
 `run_variants` runs each variant once in its own process (`harness.run.isolation.execute`),
-then `summarize` (samples, findings, summary) and the report writer. `run_repeated` runs the
-whole list N times through it and keeps each variant's median run with its measured spread
-(`harness.gate.noise.combine`). `harness.cli` chooses between them: `run` and `baseline check`
-call `run_variants`, `noise` calls `run_repeated`, `baseline update` either (`--runs N` > 1
-repeats); both baseline commands read existing reports instead when given `--from`. The
-scenario tests serve reduced specs in their own process through the engine (tests/conftest.py)
-or call `execute` and `summarize`; the gate's end-to-end tests call `run_variants`.
+then `summarize` (samples, findings, summary) and the report writer; with `jobs` > 1 several
+children run at once, admitted by memory (`harness.run.schedule`), and each report is written
+from the main thread as its run finishes. `run_repeated` runs the whole list N times through
+it and keeps each variant's median run with its measured spread (`harness.gate.noise.combine`).
+`harness.cli` chooses between them: `run` and `baseline check` call `run_variants`, `noise`
+calls `run_repeated`, `baseline update` either (`--runs N` > 1 repeats); both baseline commands
+read existing reports instead when given `--from`; `merge` (harness.run.merge) joins the
+reports of sharded runs. The scenario tests serve reduced specs in their own process through
+the engine (tests/conftest.py) or call `execute` and `summarize`; the gate's end-to-end tests
+call `run_variants`.
 """
 
 from __future__ import annotations
 
 import tempfile
+import threading
+from collections.abc import Callable, Generator, Iterable
+from contextlib import closing
 from functools import partial
 from pathlib import Path
 
@@ -29,6 +35,9 @@ from ..units import mib
 from .engine import planned_steps
 from .isolation import RunOutcome, execute
 from .probe import to_frame
+from .schedule import Scheduler, in_parallel
+
+Ran = tuple[TaskID, RunOutcome]  # a variant's progress bar and what its run gave
 
 
 def summarize(outcome: RunOutcome, environment: dict) -> tuple[pd.DataFrame, list, dict]:
@@ -65,44 +74,104 @@ def summarize(outcome: RunOutcome, environment: dict) -> tuple[pd.DataFrame, lis
 
 
 def run_variants(variants: list[Variant], out: Path, console: Console | None = None,
-                 timeout: float | None = None) -> list[dict]:
+                 timeout: float | None = None, jobs: int = 1,
+                 scheduler: Scheduler | None = None) -> list[dict]:
     """Execute each variant in its own process and write its report under out/scenario/variant.
 
     `out` is reserved first (a writable folder no other run holds). A report that cannot be
     written fails its variant, with the reason, and the others still run. `timeout` (seconds)
-    overrides each scenario's own.
+    overrides each scenario's own. Up to `jobs` variants run at once, each started only when
+    the scheduler finds its estimate fits beside the running ones (`scheduler`, given, brings
+    its own jobs, memory and log); reports are written as runs finish, while the summaries
+    and each scenario's overlay keep the order of `variants`.
     """
     console = console or Console(stderr=True)
     environment = summary_io.environment()
-    summaries: list[dict] = []
-    frames: dict[str, dict[str, pd.DataFrame]] = {}
+    scheduler = scheduler or Scheduler(jobs)
+    summaries: dict[int, dict] = {}
+    frames: dict[int, pd.DataFrame] = {}
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("steps"), TimeElapsedColumn())
     with report.reserve(out), Progress(*columns, console=console, transient=False) as progress:
-        for variant in variants:
-            label = variant.label
-            task = progress.add_task(label, total=planned_steps(variant.spec))
-            outcome = execute(variant, partial(_advance, progress, task),
-                              timeout or variant.spec.timeout)
-            progress.update(task, completed=outcome.last_step,
-                            description=f"{label} [{outcome.status}]")
-            if outcome.status == "ok":
-                # The plan is an estimate (prefix hits skip steps, re-prefills add some): a
-                # finished run's bar ends full at the steps it took.
-                progress.update(task, total=outcome.last_step)
-            frame, findings, summary = summarize(outcome, environment)
-            if not _write(out / variant.scenario / variant.name, frame, summary, findings):
-                progress.update(task, description=f"{label} [failed: report not written]")
-            elif not frame.empty:  # a refused variant has no samples to draw
-                frames.setdefault(variant.scenario, {})[variant.name] = frame
-            summaries.append(summary)
-        for name, by_variant in frames.items():
-            if len(by_variant) > 1:
-                try:
-                    report.plot_overlay(by_variant, f"{name}: variants", out / name / "memory.png")
-                except OSError as exc:
-                    console.print(f"[red]warning:[/red] {name}: overlay plot not written: {exc}")
-    return summaries
+        run = partial(_supervise, variants, progress, scheduler, timeout)
+        with closing(_outcomes(len(variants), run, scheduler)) as outcomes:
+            for index, (task, outcome) in outcomes:
+                variant = variants[index]
+                _finish_bar(progress, task, variant.label, outcome)
+                frame, findings, summary = summarize(outcome, environment)
+                if not _write(out / variant.scenario / variant.name, frame, summary, findings):
+                    progress.update(task, description=f"{variant.label} [failed: report not written]")
+                elif not frame.empty:  # a refused variant has no samples to draw
+                    frames[index] = frame
+                summaries[index] = summary
+        overlays(((v.scenario, v.name, frames[i]) for i, v in enumerate(variants) if i in frames),
+                 out, console)
+    return [summaries[index] for index in range(len(variants))]
+
+
+def _outcomes(count: int, run: Callable[[int, threading.Event | None], Ran],
+              scheduler: Scheduler) -> Generator[tuple[int, Ran], None, None]:
+    """Each variant's run as it finishes: in turn for one job (each report written before the
+    next variant starts, as ever), else from one worker thread per job and one more, whose
+    child gets ready while the others serve."""
+    if scheduler.jobs == 1:
+        for index in range(count):
+            yield index, run(index, None)
+    else:
+        yield from in_parallel(count, scheduler.jobs + 1, run, scheduler.cancel)
+
+
+def _supervise(variants: list[Variant], progress: Progress, scheduler: Scheduler,
+               timeout: float | None, index: int, stop: threading.Event | None) -> Ran:
+    """Run variant `index` in its child, with its own bar, admitted by the scheduler."""
+    variant = variants[index]
+    # One job: the bar's clock runs from the spawn, as ever; several: from the admission.
+    task = progress.add_task(variant.label, total=planned_steps(variant.spec),
+                             start=scheduler.jobs == 1)
+    admit = partial(_admit, scheduler, progress, task, index, variant.label)
+    try:
+        outcome = execute(variant, partial(_advance, progress, task),
+                          timeout or variant.spec.timeout, admit, stop)
+    finally:
+        scheduler.release(index, variant.label)
+    return task, outcome
+
+
+def _admit(scheduler: Scheduler, progress: Progress, task: TaskID, index: int, label: str,
+           estimate: int) -> str | None:
+    """The scheduler's verdict on a child's estimate; the bar says why it waits, and its clock
+    starts when the variant may serve."""
+    waiting = lambda reason: progress.update(task, description=f"{label} [{reason}]")
+    verdict = scheduler.admit(index, label, estimate, waiting)
+    progress.update(task, description=label)
+    progress.start_task(task)
+    return verdict
+
+
+def _finish_bar(progress: Progress, task: TaskID, label: str, outcome: RunOutcome) -> None:
+    progress.start_task(task)  # a child that ended before its admission never started it
+    progress.update(task, completed=outcome.last_step, description=f"{label} [{outcome.status}]")
+    if outcome.status == "ok":
+        # The plan is an estimate (prefix hits skip steps, re-prefills add some): a finished
+        # run's bar ends full at the steps it took.
+        progress.update(task, total=outcome.last_step)
+
+
+def overlays(frames: Iterable[tuple[str, str, pd.DataFrame]], out: Path,
+             console: Console) -> None:
+    """out/scenario/memory.png for each scenario with more than one drawn variant.
+
+    `frames` are (scenario, variant, samples) with samples, in the order the legend takes.
+    """
+    by_scenario: dict[str, dict[str, pd.DataFrame]] = {}
+    for scenario, variant, frame in frames:
+        by_scenario.setdefault(scenario, {})[variant] = frame
+    for name, by_variant in by_scenario.items():
+        if len(by_variant) > 1:
+            try:
+                report.plot_overlay(by_variant, f"{name}: variants", out / name / "memory.png")
+            except OSError as exc:
+                console.print(f"[red]warning:[/red] {name}: overlay plot not written: {exc}")
 
 
 def _advance(progress: Progress, task: TaskID, steps: int) -> None:
@@ -154,7 +223,7 @@ def exit_status(summaries: list[dict]) -> int:
 
 
 def run_repeated(variants: list[Variant], runs: int, out: Path,
-                 console: Console | None = None) -> list[dict]:
+                 console: Console | None = None, jobs: int = 1) -> list[dict]:
     """Run every variant `runs` times; write each variant's median run under out/scenario/variant
     with the spread measured over all its runs (harness.gate.noise.combine).
 
@@ -167,19 +236,19 @@ def run_repeated(variants: list[Variant], runs: int, out: Path,
         rounds = []
         for index in range(runs):
             console.print(f"run {index + 1} of {runs}")
-            rounds.append(run_variants(variants, Path(tmp) / f"run{index}", console))
+            rounds.append(run_variants(variants, Path(tmp) / f"run{index}", console, jobs=jobs))
         summaries = []
         for variant_runs in zip(*rounds, strict=True):
             chosen, summary = combine(list(variant_runs))
             where = Path(summary["scenario"]) / summary["variant"]
-            frame = _samples(Path(tmp) / f"run{chosen}" / where)
+            frame = samples(Path(tmp) / f"run{chosen}" / where)
             findings = [detect.Finding(**f) for f in summary["findings"]]
             _write(out / where, frame, summary, findings)
             summaries.append(summary)
     return summaries
 
 
-def _samples(folder: Path) -> pd.DataFrame:
+def samples(folder: Path) -> pd.DataFrame:
     """A run's samples.csv as written by run_variants; empty where the run left none."""
     try:
         return pd.read_csv(folder / "samples.csv")
