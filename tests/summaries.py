@@ -15,6 +15,8 @@ model: {dtype: float16, vocab: 1024, layers: [{count: 2, kind: full, kv_heads: 2
 cache:
   layer: {component: mlx_lm.KVCache}
   store: {component: reference.prefix_cache, options: {trim: copy}}
+detect:
+  retained: {min_bytes: 256 KiB}   # the default 1 MiB is more than this whole scenario holds
 workload:
   prefill_chunk: 64
   requests:

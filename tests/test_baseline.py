@@ -31,14 +31,14 @@ def test_update_writes_one_file_per_backend_scenario_variant(reports, tmp_path, 
     code, out, err = cli(["baseline", "update", "--from", str(reports),
                           "--dir", str(tmp_path / "baselines")], capsys)
     assert code == 2                                  # a failed run cannot be a baseline
-    assert err == ("error: crash/v: failed (child died with signal 11): no baseline written\n")
+    assert err == ("error: crash/v on cpu: failed (child died with signal 11): no baseline "
+                   "written\n")
     files = sorted(p.relative_to(tmp_path / "baselines").as_posix()
                    for p in (tmp_path / "baselines").rglob("*"))
     assert files == ["cpu", "cpu/trim", "cpu/trim/after.json", "cpu/trim/before.json",
                      "metal", "metal/rotating", "metal/rotating/after.json"]
-    assert out.splitlines() == [f"wrote {tmp_path / 'baselines'}/{f}" for f in
-                                ("metal/rotating/after.json", "cpu/trim/after.json",
-                                 "cpu/trim/before.json")]
+    assert out.splitlines() == ["added rotating/after on metal", "added trim/after on cpu",
+                                "added trim/before on cpu"]
     stored = json.loads((tmp_path / "baselines/cpu/trim/before.json").read_text())
     assert stored == json.loads((reports / "trim/before/summary.json").read_text())
 
@@ -72,15 +72,17 @@ def test_check_against_stored_baselines(reports, tmp_path, capsys):
     cli(["baseline", "update", "--from", str(reports), "--dir", baselines], capsys)
     code, out, _ = cli(["baseline", "check", "--from", str(reports / "trim"), "--dir", baselines],
                        capsys)
-    assert (code, out) == (0, "✅ kvmem: no change (2 variants compared)\n")
+    # Reports given with --from stand for the whole suite: grow/kv, which they lack, is listed.
+    assert (code, out) == (0, "✅ kvmem: no change (2 variants compared); 1 removed\n"
+                              "  🗑️ Removed (1): grow/kv\n")
 
     head = tmp_path / "head"
     write(head, summary("trim", "before", retained=8 * MiB))
     write(head, summary("trim", "after", steady=8 * MiB + 4096))
     code, out, _ = cli(["baseline", "check", "--from", str(head), "--dir", baselines], capsys)
-    assert code == 1                      # grow/kv was not run: not listed as removed
-    assert out.splitlines() == [
-        "🔴 kvmem: memory regression in 1 of 2 variants",
+    assert code == 1
+    assert out.splitlines()[:2] == [
+        "🔴 kvmem: memory regression in 1 of 3 variants; 1 removed",
         "  regression  trim/after                               steady          8,388,608 B -> "
         " 8,392,704 B  +4 KiB (+0.049%)  tolerance 256 B"]
 
@@ -101,7 +103,8 @@ def test_update_then_check_runs_the_suite(tmp_path, capsys, monkeypatch):
         path.parent.mkdir()
         path.write_text(text)
     code, out, _ = cli(["baseline", "update"], capsys)
-    assert (code, out) == (0, "wrote baselines/cpu/gate_trim/after.json\n")
+    assert (code, out) == (0, "added gate_trim/after\n")
+    assert (tmp_path / "baselines" / "cpu" / "gate_trim" / "after.json").is_file()
 
     stale = tmp_path / "baselines" / "cpu" / "stale" / "v.json"     # its scenario is gone
     stale.parent.mkdir()
@@ -195,3 +198,101 @@ def test_update_runs_option(reports, tmp_path, capsys):
         cli(["baseline", "update", "--runs", "0"], capsys)
     assert exit_info.value.code == 2
     assert "--runs: expected a whole number of runs >= 1, got '0'" in capsys.readouterr().err
+
+
+# Accepting an intended change: update rewrites only what changed, and the gate then passes.
+
+def files(root) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*.json"))}
+
+
+def test_an_intended_change_is_recorded_and_then_passes(tmp_path, capsys):
+    baselines, base, head = (str(tmp_path / name) for name in ("baselines", "base", "head"))
+    for item in (summary("cache", "grow", peak=100 * MiB, steady=64 * MiB),
+                 summary("cache", "same", peak=100 * MiB), summary("chat", "v")):
+        write(tmp_path / "base", item)
+    code, out, err = cli(["baseline", "update", "--from", base, "--dir", baselines], capsys)
+    assert (code, out, err) == (0, "added cache/grow\nadded cache/same\nadded chat/v\n", "")
+    recorded = files(tmp_path / "baselines")
+
+    # The pull request grows cache/grow on purpose; cache/same moves within its noise
+    # (+2 MiB of peak under the 4 MiB floor); a variant is added.
+    for item in (summary("cache", "grow", peak=112 * MiB, steady=64 * MiB + 4096),
+                 summary("cache", "same", peak=102 * MiB), summary("chat", "v"),
+                 summary("chat", "w")):
+        write(tmp_path / "head", item)
+    code, out, _ = cli(["baseline", "check", "--from", head, "--dir", baselines], capsys)
+    assert code == 1 and out.splitlines()[0] == "🔴 kvmem: memory regression in 1 of 4 variants; 1 new"
+
+    code, out, err = cli(["baseline", "update", "--from", head, "--dir", baselines], capsys)
+    assert (code, err) == (0, "")
+    assert out.splitlines() == ["updated cache/grow (peak +12 MiB, steady +4 KiB)",
+                                "added chat/w", "kept 2 unchanged"]
+    now = files(tmp_path / "baselines")
+    assert {k: v for k, v in now.items() if k != "cpu/cache/grow.json" and k in recorded} == \
+        {k: v for k, v in recorded.items() if k != "cpu/cache/grow.json"}      # byte for byte
+    assert json.loads(now["cpu/cache/grow.json"])["metrics"]["peak"] == 112 * MiB
+    assert json.loads(now["cpu/cache/same.json"])["metrics"]["peak"] == 100 * MiB
+    assert sorted(now) == ["cpu/cache/grow.json", "cpu/cache/same.json", "cpu/chat/v.json",
+                           "cpu/chat/w.json"]
+
+    code, out, _ = cli(["baseline", "check", "--from", head, "--dir", baselines], capsys)
+    assert (code, out) == (0, "✅ kvmem: no change (4 variants compared)\n")
+    code, out, _ = cli(["compare", baselines, head], capsys)
+    assert (code, out) == (0, "✅ kvmem: no change (4 variants compared)\n")
+    code, out, _ = cli(["baseline", "update", "--from", head, "--dir", baselines], capsys)
+    assert (code, out) == (0, "kept 4 unchanged\n")
+    assert files(tmp_path / "baselines") == now
+
+
+def test_update_records_changed_tolerances_and_a_wider_spread(tmp_path, capsys):
+    baselines = str(tmp_path / "baselines")
+    write(tmp_path / "one", summary("s", "v", peak=300 * MiB))
+    cli(["baseline", "update", "--from", str(tmp_path / "one"), "--dir", baselines], capsys)
+    loose = summary("s", "v", peak=300 * MiB, compare={"peak": {"abs": "16 MiB"}})
+    write(tmp_path / "two", loose)
+    code, out, _ = cli(["baseline", "update", "--from", str(tmp_path / "two"), "--dir", baselines],
+                       capsys)
+    assert (code, out) == (0, "updated s/v (compare.peak)\n")
+
+    spread = {"runs": 5, "nondeterministic": {}, "passed": 5,
+              "peak": {"min": 292 * MiB, "max": 300 * MiB, "spread": 8 * MiB, "values": []}}
+    write(tmp_path / "three", {**loose, "noise": spread})
+    code, out, _ = cli(["baseline", "update", "--from", str(tmp_path / "three"), "--dir",
+                        baselines], capsys)
+    assert (code, out) == (0, "updated s/v (peak spread 8 MiB over 5 runs)\n")
+    narrower = {**spread, "peak": {**spread["peak"], "spread": 2 * MiB}}
+    write(tmp_path / "four", {**loose, "noise": narrower})
+    code, out, _ = cli(["baseline", "update", "--from", str(tmp_path / "four"), "--dir",
+                        baselines], capsys)
+    assert (code, out) == (0, "kept 1 unchanged\n")      # the recorded, wider spread stays
+
+
+def _failing(data: dict) -> dict:
+    data["expectations"] = [{"name": "retained", "expected": "none", "actual": "detected",
+                             "ok": False, "message": "allocator holds 8 MiB beyond ..."}]
+    data["passed"] = False
+    return data
+
+
+def test_update_refuses_a_failed_run_unless_allowed(tmp_path, capsys):
+    reports, baselines = tmp_path / "reports", str(tmp_path / "baselines")
+    write(reports, _failing(summary("trim", "after", retained=8 * MiB)))
+    write(reports, summary("trim", "crash", status="refused"))
+    write(reports, summary("trim", "fine"))
+    code, out, err = cli(["baseline", "update", "--from", str(reports), "--dir", baselines],
+                         capsys)
+    assert (code, out) == (2, "added trim/fine\n")
+    assert err.splitlines() == [
+        "error: trim/after: expectations failed (retained: expected none, got detected); record "
+        "it anyway with --allow-failed: no baseline written",
+        "error: trim/crash: refused (child died with signal 11): no baseline written"]
+    assert sorted(files(tmp_path / "baselines")) == ["cpu/trim/fine.json"]
+
+    code, out, err = cli(["baseline", "update", "--from", str(reports), "--dir", baselines,
+                          "--allow-failed"], capsys)
+    assert (code, out) == (2, "added trim/after\nkept 1 unchanged\n")   # a refused run: never
+    assert err.splitlines() == [
+        "warning: trim/after: recorded although its expectations failed (--allow-failed)",
+        "error: trim/crash: refused (child died with signal 11): no baseline written"]
+    assert sorted(files(tmp_path / "baselines")) == ["cpu/trim/after.json", "cpu/trim/fine.json"]

@@ -5,19 +5,31 @@ figures from different backends never compare. Each file is written atomically, 
 interrupted update leaves every baseline either old or new, never half written. The three path
 components come from the summary, which may be hand-written: each must be one plain name, so
 an update never writes outside its folder.
+
+An update rewrites only what changed, so its diff in a pull request shows the intended change
+and nothing else: each new summary is compared with the baseline it would replace by the gate
+itself (`compare`, the old baseline's tolerances), and the file is rewritten only when a figure
+moved beyond tolerance, when the scenario's tolerances or expectations changed, or when a
+repeated measurement recorded a wider spread than the baseline holds. Every other file keeps
+its bytes. A run that failed is never recorded: one that did not complete (crashed, refused,
+timed out) never, one whose expectations failed only with `allow_failed`.
 """
 
 from __future__ import annotations
 
 import json
 import unicodedata
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
-from ..summary_io import Summary, atomic_text, checked, load_summaries
-from .compare import CompareError
+from ..metrics import NOISY
+from ..summary_io import Summary, SummaryError, atomic_text, checked, load_summaries, read_summary
+from ..units import format_bytes
+from .compare import COMPARED, CompareError, compare, policy_changes, tolerances
+from .render import format_value
 
 
-def _unsafe(component: object) -> str | None:
+def unsafe_name(component: object) -> str | None:
     """Why a backend, scenario or variant name cannot be one path component, or None."""
     if not isinstance(component, str):
         return "is not a string"
@@ -38,32 +50,115 @@ def baseline_path(root: Path, summary: Summary) -> Path:
     """`root/<backend>/<scenario>/<variant>.json`; refuses names that would leave `root`."""
     parts = {"environment.backend": summary.backend, "scenario": summary.data["scenario"],
              "variant": summary.data["variant"]}
-    for field, value in parts.items():
-        reason = _unsafe(value)
+    for part, value in parts.items():
+        reason = unsafe_name(value)
         if reason:
-            raise CompareError(f"{summary.path}: {field} {value!r} {reason}: it must be one "
+            raise CompareError(f"{summary.path}: {part} {value!r} {reason}: it must be one "
                                "plain name to place a baseline")
     backend, scenario, variant = parts.values()
     return root / backend / scenario / f"{variant}.json"
 
 
-def store(summaries: list[Summary], root: Path) -> tuple[list[Path], list[Summary]]:
-    """Write the summaries of completed runs as baselines; return the paths and the runs left out.
+@dataclass
+class Change:
+    """One baseline `update` writes: `added` (none was there) or `updated`, and why."""
 
-    Every summary is checked before the first is written, so bad input records nothing.
+    summary: Summary
+    path: Path
+    action: str
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Update:
+    """What `update` did: the baselines written, those kept byte for byte, the runs refused."""
+
+    written: list[Change] = field(default_factory=list)
+    kept: list[Summary] = field(default_factory=list)
+    refused: list[tuple[Summary, str]] = field(default_factory=list)
+
+
+def failed_expectations(summary: Summary) -> list[dict]:
+    return [e for e in summary.data.get("expectations") or [] if not e["ok"]]
+
+
+def passed(summary: Summary) -> bool:
+    """Whether a completed run met its expectations (`passed`, else every expectation ok)."""
+    recorded = summary.data.get("passed")
+    return recorded if isinstance(recorded, bool) else not failed_expectations(summary)
+
+
+def refusal(summary: Summary, allow_failed: bool) -> str | None:
+    """Why a run cannot be a baseline, or None: it did not complete (never recorded), or its
+    expectations failed (recorded only with `allow_failed`)."""
+    if not summary.ok:
+        error = (summary.data.get("error") or "").strip().splitlines()
+        return f"{summary.data['status']} ({error[0] if error else 'no error recorded'})"
+    if not allow_failed and not passed(summary):
+        failed = "; ".join(f"{e.get('name')}: expected {e.get('expected')}, got {e.get('actual')}"
+                           for e in failed_expectations(summary)) or "passed: false"
+        return f"expectations failed ({failed}); record it anyway with --allow-failed"
+    return None
+
+
+def _spread_reasons(old: Summary, new: Summary) -> list[str]:
+    """The measured spreads the new run records beyond what the old baseline holds."""
+    reasons = []
+    for name in NOISY:
+        now, before = new.noise(name), old.noise(name)
+        if now is not None and (before is None or now.spread > before.spread):
+            reasons.append(f"{name} spread {format_bytes(now.spread)} over {now.runs} runs")
+    return reasons
+
+
+def _reasons(old_path: Path, new: Summary) -> list[str]:
+    """Why the baseline at `old_path` must be rewritten with `new`; empty when it must not.
+
+    The old baseline is the base of a comparison with the gate's own logic (its tolerances):
+    a figure beyond tolerance, a change of tolerances or expectations, a wider measured spread.
+    A baseline that cannot be read, or is not a completed run of this variant, is replaced.
     """
-    planned, skipped = [], []
+    try:
+        old = read_summary(old_path)
+        tolerances(old)
+    except (SummaryError, CompareError) as exc:
+        return [f"replaces an unreadable baseline: {exc}"]
+    if not old.ok or old.key != new.key or old.backend != new.backend:
+        return [f"replaces a baseline of {old.label} with status {old.data['status']}"]
+    entry = compare([old], [new]).entries[0]
+    if entry.state != COMPARED:
+        return [entry.note or entry.state]
+    return ([f"{d.metric} {format_value(d.metric, d.delta, True)}" for d in entry.changed]
+            + policy_changes(old, new) + _spread_reasons(old, new))
+
+
+def store(summaries: list[Summary], root: Path, allow_failed: bool = False) -> Update:
+    """Record the summaries of completed runs as baselines, rewriting only what changed.
+
+    Every summary is checked, and every old baseline compared, before the first is written, so
+    bad input records nothing.
+    """
+    result, planned = Update(), []
     for summary in summaries:
-        if not summary.ok:
-            skipped.append(summary)
+        why = refusal(summary, allow_failed)
+        if why is not None:
+            result.refused.append((summary, why))
             continue
-        planned.append((baseline_path(root, checked(summary)), summary))
-    for path, summary in planned:
+        path = baseline_path(root, checked(summary))
+        tolerances(summary)  # a malformed `compare` block is bad input, never recorded
+        if not path.exists():
+            planned.append(Change(summary, path, "added"))
+        elif reasons := _reasons(path, summary):
+            planned.append(Change(summary, path, "updated", reasons))
+        else:
+            result.kept.append(summary)
+    for change in planned:
         try:
-            atomic_text(path, json.dumps(summary.data, indent=2) + "\n")
+            atomic_text(change.path, json.dumps(change.summary.data, indent=2) + "\n")
         except OSError as exc:
-            raise CompareError(f"{path}: cannot write: {exc.strerror or exc}") from None
-    return [path for path, _ in planned], skipped
+            raise CompareError(f"{change.path}: cannot write: {exc.strerror or exc}") from None
+        result.written.append(change)
+    return result
 
 
 def load_baselines(root: Path, head: list[Summary], partial: bool) -> list[Summary]:

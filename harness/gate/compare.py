@@ -6,52 +6,116 @@ a floor that absorbs that noise and no more; RSS includes the interpreter and th
 so it gets a generous one. A change counts only when it exceeds both the absolute floor and the
 relative threshold. Results from different backends are never compared.
 
-A summary recorded over several runs (`kvmem noise`, `baseline update --runs N`) carries the
-measured spread of peak and spike; their floor is then at least NOISE_MARGIN times that spread,
-so a value measured once inside the recorded range never fails a pull request.
+Whose tolerances. A pull request must not loosen the gate that judges it: the tolerances are
+the BASE's (the `compare` block its summaries carry, i.e. the scenario's `expect.compare` as
+recorded on the base commit or in the baseline), then the command line's flags. When the head's
+`compare` block or its expectations differ from the base's, the entry lists what differs
+(`Entry.policy`) and every rendering says so in its first lines.
+
+Small scenarios. The 4 MiB floor of peak and spike is sized for the CPU noise of large
+scenarios (up to ~2 MiB on hundreds of MiB), but on a 1.5 MiB scenario it hides a +3 MiB,
++199% change. That noise is a step's buffers freed late (a step input still alive when the next
+step allocates), so it scales with what the scenario's steps allocate, never with a fixed
+size. So the default floor of peak and spike scales with the scenario, its base peak P:
+
+    floor = min(4 MiB, max(SMALL_LEAST, SMALL_FRACTION x P))        (256 KiB, 1/2)
+
+- P >= 8 MiB: the 4 MiB it always was; large scenarios are judged exactly as before.
+- 512 KiB < P < 8 MiB: P / 2. Doubling the scenario (+P) always counts. Noise stays under it:
+  8 runs of each, two suites at once on 2 shared cores (load average 5), moved the peak by
+  129 KiB on gate_trim (P 1.19-1.31 MiB: 11%), 253 KiB on a 2-layer cache (P 2.25-2.5 MiB:
+  11%), 1.88 MiB on a 4-layer one (P 8.13-10 MiB: 23%), 0 B on import_path_leak (P 1.5 MiB):
+  at most a quarter of P, half the floor. A late-freed step input is at most what the
+  cache receiving it holds, so noise reaches P / 2 only where one step is half the scenario's
+  memory (one prefill chunk into an empty cache): such a scenario records its spread
+  (`baseline update --runs 5`), and a measured spread is never scaled down (below).
+- P <= 512 KiB: SMALL_LEAST, so a few KiB of allocator rounding never fails; only a scenario
+  under 256 KiB can double unseen.
+
+The spike's floor scales with the scenario's peak too, not with the spike itself (its noise is
+the peak's): a 16 KiB spike on a 432 MiB scenario keeps the 4 MiB floor. A floor that the
+scenario (`expect.compare`) or the command line (`--abs`) sets is used as written.
+
+Measured noise. A summary recorded over several runs (`kvmem noise`, `baseline update --runs
+N`) carries the measured spread of peak and spike; their floor is then at least NOISE_MARGIN
+times the larger spread of base and head, after the scaling above (a measured spread is never
+scaled down), so a value measured once inside the recorded range never fails a pull request.
+
+A metric that was near zero in the base (below the floor it was judged with) and grew has no
+meaningful percentage (16 KiB -> 39.9 MiB is +255,000%): the renderings say "new" and show
+the bytes.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from ..metrics import METRICS  # all lower-is-better
 from ..summary_io import Noise, Summary
 from ..units import parse_size
 
-MiB = 1 << 20
+Key = tuple[str, str, str]  # scenario, variant, backend
+
+KiB, MiB = 1 << 10, 1 << 20
 
 # The spread of N runs is a lower bound of the noise's true range R, and base and head may each
 # lie anywhere in R. For noise spread evenly over R, N runs span (N-1)/(N+1) of it on average:
 # 2/3 for the default 5, so 1.5x the spread estimates R itself. (A rare value that no run hit
 # is not covered by any margin: record with more runs.)
 NOISE_MARGIN = 1.5
+# The default floors of peak and spike scale down to this fraction of a small scenario's base
+# peak, and no lower than SMALL_LEAST (see the module's docstring).
+SMALL_FRACTION = 0.5
+SMALL_LEAST = 256 * KiB
 
 
 @dataclass(frozen=True)
 class Tolerance:
-    """A change counts when |delta| > abs and |delta| > rel * |base|."""
+    """A change counts when |delta| > abs and |delta| > rel * |base|.
+
+    `least` is set on the default floors that scale with a small scenario (the lowest they go);
+    `size` and `noise` say what set `abs` when it is not the configured floor: the base peak
+    that scaled it down, or the measured spread that widened it.
+    """
 
     rel: float
     abs: float
-    noise: Noise | None = None  # the measured spread that set `abs`, when it did
+    noise: Noise | None = None
+    least: float | None = None
+    size: float | None = None
 
     def exceeded(self, base: float, delta: float) -> bool:
         return abs(delta) > self.abs and abs(delta) > self.rel * abs(base)
+
+    def scaled(self, size: float | None) -> Tolerance:
+        """This tolerance for a scenario whose base peak is `size`: a default floor lowered to
+        SMALL_FRACTION x size (not below `least`) where that is less."""
+        if self.least is None or size is None:
+            return self
+        floor = max(self.least, SMALL_FRACTION * abs(size))
+        if floor >= self.abs:
+            return self
+        return replace(self, abs=floor, size=size)
 
     def widened(self, noise: Noise | None) -> Tolerance:
         """This tolerance with its floor raised to NOISE_MARGIN x the spread, where that is more."""
         if noise is None or NOISE_MARGIN * noise.spread <= self.abs:
             return self
-        return replace(self, abs=NOISE_MARGIN * noise.spread, noise=noise)
+        return replace(self, abs=NOISE_MARGIN * noise.spread, noise=noise, size=None)
+
+    def configured(self, abs_: float) -> Tolerance:
+        """This tolerance with a floor set by a scenario or a flag: used as written, never scaled."""
+        return replace(self, abs=abs_, least=None)
 
 
 DEFAULT_TOLERANCES: dict[str, Tolerance] = {
     # Under load the CPU step peak usually moves by up to ~2 MiB between identical runs; a
     # variant that moves more records its spread (harness.gate.noise), which widens this floor.
-    "peak": Tolerance(rel=0.0, abs=4 * MiB),
-    "largest_spike": Tolerance(rel=0.0, abs=4 * MiB),
+    # A small scenario's floor scales with its peak (SMALL_FRACTION, SMALL_LEAST).
+    "peak": Tolerance(rel=0.0, abs=4 * MiB, least=SMALL_LEAST),
+    "largest_spike": Tolerance(rel=0.0, abs=4 * MiB, least=SMALL_LEAST),
     # Exact on one backend: the floor only absorbs float rounding in the fitted leak rate.
     "steady": Tolerance(rel=0.0, abs=256),
     "final": Tolerance(rel=0.0, abs=256),
@@ -103,6 +167,12 @@ class MetricDelta:
             return "unchanged"
         return "regression" if self.delta > 0 else "improvement"
 
+    @property
+    def new(self) -> bool:
+        """A regression from near zero: the base was under the floor it is judged with, so a
+        percentage (16 KiB -> 39.9 MiB: +255,000%) says nothing; the bytes do."""
+        return self.verdict == "regression" and abs(self.base) < self.tolerance.abs
+
 
 # Entry states: both sides ran and were compared, or why they were not.
 COMPARED, NEW, REMOVED, FAILED, INCOMPARABLE = "compared", "new", "removed", "failed", "incomparable"
@@ -119,6 +189,9 @@ class Entry:
     head: Summary | None = None
     deltas: list[MetricDelta] = field(default_factory=list)
     note: str = ""
+    # What the head changes in the gate's own inputs: `compare.<metric>` (its tolerances) and
+    # `expect.<name>` (its expectations), which the base's figures were not judged with.
+    policy: list[str] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -144,6 +217,14 @@ class Entry:
 class Comparison:
     entries: list[Entry]
     notes: list[str]
+    # Set when the head produced no summaries at all (it crashed, or its input was refused):
+    # the first error line known, or "" when none was given. Always a regression.
+    head_failure: str | None = None
+    artifact_url: str | None = None  # where the run's plots are, for the renderings to link
+
+    @property
+    def policy_changes(self) -> list[Entry]:
+        return [e for e in self.entries if e.policy]
 
     def having(self, state: str) -> list[Entry]:
         return [e for e in self.entries if e.state == state]
@@ -158,7 +239,7 @@ class Comparison:
 
     @property
     def verdict(self) -> str:
-        if self.regressions:
+        if self.regressions or self.head_failure is not None:
             return "regression"
         if self.improvements:
             return "improvement"
@@ -168,35 +249,55 @@ class Comparison:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.regressions else 0
+        return 1 if self.regressions or self.head_failure is not None else 0
 
 
-def tolerances(head: Summary, rel: dict[str, float] | None = None,
+def tolerances(summary: Summary, rel: dict[str, float] | None = None,
                abs_: dict[str, float] | None = None) -> dict[str, Tolerance]:
-    """Defaults, then the head scenario's `expect.compare`, then command-line flags."""
+    """Defaults, then the `compare` block `summary` carries (its scenario's `expect.compare`),
+    then command-line flags. The gate passes the BASE's summary: a head cannot loosen the
+    tolerances that judge it."""
     result = dict(DEFAULT_TOLERANCES)
-    spec = head.data.get("compare") or {}
+    spec = summary.data.get("compare") or {}
     if not isinstance(spec, dict):
-        raise CompareError(f"{head.path}: compare: expected an object of metric tolerances")
+        raise CompareError(f"{summary.path}: compare: expected an object of metric tolerances")
     for name, metric_spec in spec.items():
         if name not in result or not isinstance(metric_spec, dict):
-            raise CompareError(f"{head.path}: compare.{name}: expected a metric among "
+            raise CompareError(f"{summary.path}: compare.{name}: expected a metric among "
                                f"{', '.join(METRICS)} with {{rel, abs}}")
         try:
             result[name] = _scenario_tolerance(result[name], metric_spec)
         except CompareError as exc:
-            raise CompareError(f"{head.path}: compare.{name}: {exc}") from None
+            raise CompareError(f"{summary.path}: compare.{name}: {exc}") from None
     for name, value in (rel or {}).items():
         result[name] = replace(result[name], rel=value)
     for name, value in (abs_ or {}).items():
-        result[name] = replace(result[name], abs=value)
+        result[name] = result[name].configured(value)
     return result
 
 
 def _scenario_tolerance(current: Tolerance, spec: dict) -> Tolerance:
     spec_rel, spec_abs = spec.get("rel"), spec.get("abs")
-    return Tolerance(rel=current.rel if spec_rel is None else fraction(spec_rel),
-                     abs=current.abs if spec_abs is None else size(spec_abs))
+    result = current if spec_abs is None else current.configured(size(spec_abs))
+    return result if spec_rel is None else replace(result, rel=fraction(spec_rel))
+
+
+def _expected(summary: Summary) -> dict[str, object]:
+    """Each expectation's name and what it expects (`none`, `detected`, `<= 1,024 B`)."""
+    return {str(e.get("name")): e.get("expected") for e in summary.data.get("expectations") or []}
+
+
+def policy_changes(base: Summary, head: Summary) -> list[str]:
+    """What the head changes in the gate's inputs for this variant: `compare.<metric>` for each
+    tolerance its `compare` block sets differently, `expect.<name>` for each expectation it
+    states differently (or adds, or drops). Both blocks are checked: a malformed one is bad
+    input naming its file."""
+    limits = tolerances(base), tolerances(head)
+    changed = [f"compare.{name}" for name in METRICS if limits[0][name] != limits[1][name]]
+    expected = _expected(base), _expected(head)
+    names = list(expected[0]) + [name for name in expected[1] if name not in expected[0]]
+    return changed + [f"expect.{name}" for name in names
+                      if expected[0].get(name, "") != expected[1].get(name, "")]
 
 
 def _failure(summary: Summary) -> str:
@@ -221,25 +322,29 @@ def _pair(base: Summary, head: Summary, rel: dict, abs_: dict) -> Entry:
         entry.note = "; ".join(f"{side} {_failure(s)}" for side, s in (("base", base), ("head", head))
                                if not s.ok)
         return entry
-    limits = tolerances(head, rel=rel, abs_=abs_)
+    limits = tolerances(base, rel=rel, abs_=abs_)
+    entry.policy = policy_changes(base, head)
+    scenario_size = base.metric("peak")
     for name in METRICS:
         b, h = base.metric(name), head.metric(name)
         if b is not None and h is not None:
             noise = base.noise(name), head.noise(name)
             widest = max((n for n in noise if n), key=lambda n: n.spread, default=None)
-            entry.deltas.append(MetricDelta(name, b, h, limits[name].widened(widest), *noise))
+            limit = limits[name].scaled(scenario_size).widened(widest)
+            entry.deltas.append(MetricDelta(name, b, h, limit, *noise))
     if _versions(base) != _versions(head):
         entry.note = "mlx/mlx-lm {} vs {}".format(*("/".join(_versions(s)) for s in (base, head)))
     return entry
 
 
-def _index(summaries: list[Summary]) -> dict[tuple[str, str, str], Summary]:
-    index: dict[tuple[str, str, str], Summary] = {}
+def index_summaries(summaries: Sequence[Summary], where: str = "") -> dict[Key, Summary]:
+    """Summaries by (scenario, variant, backend); two for one key are bad input naming both."""
+    index: dict[Key, Summary] = {}
     for s in summaries:
         key = (*s.key, s.backend)
         if key in index:
-            raise CompareError(f"two summaries for {s.label} on backend {s.backend}: "
-                               f"{index[key].path} and {s.path}")
+            raise CompareError(f"{where}{': ' if where else ''}two summaries for {s.label} on "
+                               f"backend {s.backend}: {index[key].path} and {s.path}")
         index[key] = s
     return index
 
@@ -253,7 +358,7 @@ def compare(base: list[Summary], head: list[Summary], rel: dict[str, float] | No
     left out with a note.
     """
     rel, abs_ = rel or {}, abs_ or {}
-    base_index, head_index = _index(base), _index(head)
+    base_index, head_index = index_summaries(base), index_summaries(head)
     entries: dict[tuple[str, str], Entry] = {}
     for key, h in head_index.items():
         if key in base_index:
@@ -278,6 +383,16 @@ def compare(base: list[Summary], head: list[Summary], rel: dict[str, float] | No
     if skipped:
         notes.append(f"{skipped} base summaries on other backends left out")
     return Comparison(sorted(entries.values(), key=lambda e: (e.scenario, e.variant)), notes)
+
+
+def head_failed(base: list[Summary], error: str | None = None) -> Comparison:
+    """The comparison when the head produced no summaries (it crashed, or its input was
+    refused): a regression, with each variant the base ran listed as failed in the head."""
+    entries = [Entry(*b.key, FAILED, b, None, note="the head produced no summary")
+               for b in index_summaries(base).values()]
+    first = next((line.strip() for line in (error or "").splitlines() if line.strip()), "")
+    return Comparison(sorted(entries, key=lambda e: (e.scenario, e.variant)), [],
+                      head_failure=first)
 
 
 def _environment_notes(base: list[Summary], head: list[Summary]) -> list[str]:

@@ -3,21 +3,41 @@
 Each is a function from a `Comparison` to text, registered in `RENDERERS` under its `--format`
 name; `compare` and `baseline check` take their `--format` choices from that registry.
 
-The markdown comment is read by a maintainer in a few seconds: the verdict first, then only what
-changed; the rest is folded. It starts with a hidden marker so a workflow can find and update
-its own comment, and is capped at COMMENT_LIMIT characters, well under GitHub's 65,536.
+The markdown comment is read by a maintainer in a few seconds: the verdict first (and, right
+under it, whether the head changed the tolerances or expectations it is judged by), then only
+what changed, then why each regressed variant regressed in its own run's words (its findings'
+messages, the expectations that fail, a link to the plots); the rest is folded. It starts with
+a hidden marker so a workflow can find and update its own comment, and is capped at
+COMMENT_LIMIT characters, well under GitHub's 65,536.
+
+The JSON carries `schema` (JSON_SCHEMA) and the verdict; the JUnit XML follows the junit-10
+schema (Jenkins xUnit): every required attribute, a `failure` per regression and an `error` per
+run that failed in the head.
 """
 
 from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from datetime import datetime, timezone
 
 from ..metrics import METRICS
 from ..summary_io import Noise
 from ..units import format_bytes
-from .compare import COMPARED, FAILED, INCOMPARABLE, NEW, REMOVED, Comparison, Entry, MetricDelta, Tolerance
+from .compare import (
+    COMPARED,
+    FAILED,
+    INCOMPARABLE,
+    NEW,
+    REMOVED,
+    SMALL_FRACTION,
+    Comparison,
+    Entry,
+    MetricDelta,
+    Tolerance,
+)
 
+JSON_SCHEMA = 1  # the version of render_json's layout; bumped when a field changes meaning
 MARKER = "<!-- kvmem-memory-delta -->"
 COMMENT_LIMIT = 50_000
 ICONS = {"regression": "🔴", "improvement": "🟢", "unchanged": "⚪"}
@@ -49,10 +69,22 @@ def format_tolerance(metric: str, tolerance: Tolerance) -> str:
     if tolerance.noise is not None:
         text += (f" (measured spread {format_bytes(tolerance.noise.spread)} over "
                  f"{tolerance.noise.runs} runs)")
+    elif tolerance.size is not None:
+        text += f" ({SMALL_FRACTION * 100:g}% of the {format_bytes(tolerance.size)} base peak)"
     return text
 
 
+def _source(tolerance: Tolerance) -> str:
+    if tolerance.noise is not None:
+        return "measured noise"
+    return "configured" if tolerance.size is None else "scenario size"
+
+
 def format_percent(delta: MetricDelta) -> str:
+    """`+46.4%`; `new` for a metric that grew from under its floor, where a percentage would
+    read in the hundreds of thousands."""
+    if delta.new:
+        return "new"
     if delta.relative is None:
         return "from 0" if delta.delta else "0%"
     percent = delta.relative * 100
@@ -76,6 +108,9 @@ def sparkline(values: list[float], lo: float, hi: float) -> str:
 
 
 def headline(comparison: Comparison) -> str:
+    if comparison.head_failure is not None:
+        first = comparison.head_failure
+        return "🔴 kvmem: the head failed to run (no summaries)" + (f": {first}" if first else "")
     compared = comparison.having(COMPARED)
     regressed, improved = comparison.regressions, comparison.improvements
     if regressed:
@@ -125,14 +160,71 @@ def _noise_lines(comparison: Comparison, code: str = "`", most: int = 20) -> lis
     return [f"📏 Tolerance from measured noise ({len(widened)}): {names}{more}"]
 
 
+def _policy_lines(comparison: Comparison, code: str = "`", most: int = 20) -> list[str]:
+    """One line naming the variants whose head changes its tolerances or expectations."""
+    changed = comparison.policy_changes
+    if not changed:
+        return []
+    names = ", ".join(f"{code}{e.label}{code} ({', '.join(e.policy)})" for e in changed[:most])
+    more = f" and {len(changed) - most} more" if len(changed) > most else ""
+    return [f"⚠️ The head changes tolerances or expectations of {_count(changed)}: {names}{more}; "
+            "the base's apply"]
+
+
+def findings(entry: Entry) -> list[dict]:
+    """The head's findings, new ones (a kind the base did not report) first:
+    `{kind, message, new}`."""
+    if entry.head is None:
+        return []
+    before = {f.get("kind") for f in (entry.base.data.get("findings") or [])} if entry.base else set()
+    found = [{"kind": f["kind"], "message": f["message"], "new": f["kind"] not in before}
+             for f in entry.head.data.get("findings") or []]
+    return sorted(found, key=lambda f: not f["new"])
+
+
+def failed_expectations(entry: Entry) -> list[dict]:
+    """The head's expectations that fail: `{name, expected, actual, held_in_base}`."""
+    if entry.head is None:
+        return []
+    held = {e.get("name") for e in (entry.base.data.get("expectations") or [])
+            if e.get("ok")} if entry.base else set()
+    return [{"name": e.get("name"), "expected": e.get("expected"), "actual": e.get("actual"),
+             "held_in_base": e.get("name") in held}
+            for e in entry.head.data.get("expectations") or [] if not e["ok"]]
+
+
+def _reasons(entry: Entry, code: str = "`") -> list[str]:
+    """Why a variant regressed, in its head run's own words."""
+    lines = [f"finding {code}{f['kind']}{code}{' (new)' if f['new'] else ''}: {f['message']}"
+             for f in findings(entry)]
+    lines += [f"expectation {code}{e['name']}{code} fails: expected {e['expected']}, got "
+              f"{e['actual']}" + (" (it held in the base)" if e["held_in_base"] else "")
+              for e in failed_expectations(entry)]
+    return lines
+
+
+def _explained(comparison: Comparison) -> list[Entry]:
+    """The regressed variants whose head ran, and has something to say (findings, failed
+    expectations, or plots to link)."""
+    return [e for e in comparison.regressions if e.head is not None and e.head.ok
+            and (comparison.artifact_url or _reasons(e))]
+
+
 def render_text(comparison: Comparison) -> str:
-    lines = [headline(comparison)]
+    lines = [headline(comparison), *_policy_lines(comparison, code="")]
     lines += [f"note: {n}" for n in comparison.notes]
     for entry, d in _changed_rows(comparison):
         base, head = format_pair(d)
         lines.append(f"  {d.verdict:<11} {entry.label:<40} {d.metric:<14} {base:>12} -> "
                      f"{head:>12}  {format_value(d.metric, d.delta, True)} ({format_percent(d)})"
                      f"  tolerance {format_tolerance(d.metric, d.tolerance)}")
+    url = comparison.artifact_url
+    for entry in _explained(comparison):
+        lines.append(f"  why {entry.label}:")
+        lines += [f"    {line}" for line in _reasons(entry, code="")
+                  + ([f"plots: {url}"] if url else [])]
+    if url and not _explained(comparison):
+        lines.append(f"  plots: {url}")
     lines += [f"  {line}" for line in _state_lines(comparison, code="")
               + _noise_lines(comparison, code="")]
     return "\n".join(lines) + "\n"
@@ -151,8 +243,10 @@ def _spark_rows(entry: Entry, width: int) -> list[str]:
 def render_markdown(comparison: Comparison, limit: int = COMMENT_LIMIT) -> str:
     changed = _changed_rows(comparison)
     sections: list[tuple[list[str], list[str], list[str]]] = [
-        ([MARKER, f"### {headline(comparison)}", ""] + [f"> ⚠️ {n}" for n in comparison.notes]
-         + ([""] if comparison.notes else []), [], [])]
+        ([MARKER, f"### {headline(comparison)}", ""]
+         + [f"> {line}" for line in _policy_lines(comparison)]
+         + [f"> ⚠️ {n}" for n in comparison.notes]
+         + ([""] if comparison.notes or comparison.policy_changes else []), [], [])]
     if changed:
         sections.append((["| | variant | metric | base | head | Δ | Δ % | tolerance |",
                           "|:-:|---|---|--:|--:|--:|--:|--:|"],
@@ -161,6 +255,14 @@ def render_markdown(comparison: Comparison, limit: int = COMMENT_LIMIT) -> str:
                           f"**{format_value(d.metric, d.delta, True)}**{_exact(d)} | {format_percent(d)} | "
                           f"{format_tolerance(d.metric, d.tolerance)} |"
                           for e, d in changed], [""]))
+    url, explained = comparison.artifact_url, _explained(comparison)
+    if explained:
+        sections.append((["Why, in the head run's own words:", ""],
+                         [line for e in explained for line in
+                          [f"- `{e.label}`"] + [f"  - {reason}" for reason in _reasons(e)]
+                          + ([f"  - plots: {url}"] if url else [])], [""]))
+    elif url:
+        sections.append(([f"plots: {url}", ""], [], []))
     states = _state_lines(comparison) + _noise_lines(comparison)
     if states:
         sections.append(([], [f"- {line}" for line in states], [""]))
@@ -211,52 +313,81 @@ def _noise_json(noise: Noise | None) -> dict | None:
 
 
 def _metric_json(d: MetricDelta) -> dict:
-    """A metric's delta, the tolerance applied (with the spread that set it, if one did) and
-    the spread each side recorded."""
-    tolerance = {"rel": d.tolerance.rel, "abs": d.tolerance.abs,
-                 "source": "configured" if d.tolerance.noise is None else "measured noise",
-                 "noise": _noise_json(d.tolerance.noise),
+    """A metric's delta, the tolerance applied (with the spread or the scenario size that set
+    it, if one did) and the spread each side recorded."""
+    tolerance = {"rel": d.tolerance.rel, "abs": d.tolerance.abs, "source": _source(d.tolerance),
+                 "noise": _noise_json(d.tolerance.noise), "size": d.tolerance.size,
                  "text": format_tolerance(d.metric, d.tolerance)}
     return {"base": d.base, "head": d.head, "delta": d.delta, "relative": d.relative,
-            "verdict": d.verdict, "tolerance": tolerance,
+            "new": d.new, "verdict": d.verdict, "tolerance": tolerance,
             "noise": {"base": _noise_json(d.base_noise), "head": _noise_json(d.head_noise)}}
 
 
 def _entry_json(entry: Entry) -> dict:
     return {
         "scenario": entry.scenario, "variant": entry.variant, "state": entry.state,
-        "verdict": entry.verdict, "note": entry.note,
+        "verdict": entry.verdict, "note": entry.note, "policy": entry.policy,
         "base": str(entry.base.path) if entry.base else None,
         "head": str(entry.head.path) if entry.head else None,
         "metrics": {d.metric: _metric_json(d) for d in entry.deltas},
+        "findings": findings(entry), "failed_expectations": failed_expectations(entry),
     }
 
 
 def render_json(comparison: Comparison) -> str:
-    return json.dumps({"verdict": comparison.verdict, "headline": headline(comparison),
-                       "notes": comparison.notes,
+    return json.dumps({"schema": JSON_SCHEMA, "verdict": comparison.verdict,
+                       "exit_status": comparison.exit_code, "headline": headline(comparison),
+                       "head_failure": comparison.head_failure,
+                       "artifact_url": comparison.artifact_url, "notes": comparison.notes,
+                       "policy_changes": {e.label: e.policy for e in comparison.policy_changes},
                        "entries": [_entry_json(e) for e in comparison.entries]}, indent=1) + "\n"
 
 
+def _seconds(entry: Entry) -> float:
+    """How long the head's run of a variant took (0 when it has none)."""
+    wall = (entry.head.data.get("metrics") or {}).get("wall_s") if entry.head else None
+    return wall if isinstance(wall, (int, float)) and wall >= 0 else 0.0
+
+
 def render_junit(comparison: Comparison) -> str:
-    """One test case per variant: regressions fail, one-sided or incomparable ones are skipped."""
-    suite = ET.Element("testsuite", name="kvmem-memory", tests=str(len(comparison.entries)),
-                       failures=str(len(comparison.regressions)),
-                       skipped=str(sum(e.state != COMPARED and e.verdict != "regression"
-                                       for e in comparison.entries)))
+    """One test case per variant: a regression is a `failure`, a head run that failed where the
+    base ran an `error`, one-sided or incomparable variants are `skipped`. A head that produced
+    no summaries adds a `head` case with an `error`. Valid against junit-10.xsd: testsuite
+    carries name, tests, failures and errors (required), skipped, time and timestamp; testcase
+    name, classname and time."""
+    cases = []
     for entry in comparison.entries:
-        case = ET.SubElement(suite, "testcase", classname=f"kvmem.{entry.scenario}",
-                             name=entry.variant)
-        if entry.verdict == "regression":
+        case = ET.Element("testcase", name=entry.variant, classname=f"kvmem.{entry.scenario}",
+                          time=f"{_seconds(entry):.3f}")
+        if entry.verdict == "regression" and entry.state == FAILED:
+            ET.SubElement(case, "error", message=entry.note, type="run-failed").text = entry.note
+        elif entry.verdict == "regression":
             details = [f"{d.metric}: {' -> '.join(format_pair(d))} "
                        f"({format_value(d.metric, d.delta, True)}, {format_percent(d)})"
                        for d in entry.changed if d.verdict == "regression"]
-            message = "; ".join(details) or entry.note
-            ET.SubElement(case, "failure", message=message, type="memory-regression").text = \
-                "\n".join(details + ([entry.note] if entry.note else []))
+            text = details + _reasons(entry, code="") + ([entry.note] if entry.note else [])
+            if comparison.artifact_url:
+                text.append(f"plots: {comparison.artifact_url}")
+            ET.SubElement(case, "failure", message="; ".join(details) or entry.note,
+                          type="memory-regression").text = "\n".join(text)
         elif entry.state != COMPARED:
             ET.SubElement(case, "skipped", message=f"{entry.state}: {entry.note}".rstrip(": "))
-    root = ET.Element("testsuites")
+        cases.append(case)
+    if comparison.head_failure is not None:
+        case = ET.Element("testcase", name="head", classname="kvmem", time="0.000")
+        message = headline(comparison).removeprefix("🔴 kvmem: ")
+        ET.SubElement(case, "error", message=message, type="head-failed").text = message
+        cases.append(case)
+    count = {kind: str(sum(c.find(kind) is not None for c in cases))
+             for kind in ("failure", "error", "skipped")}
+    seconds = f"{sum(_seconds(e) for e in comparison.entries):.3f}"
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    suite = ET.Element("testsuite", name="kvmem-memory", tests=str(len(cases)),
+                       failures=count["failure"], errors=count["error"],
+                       skipped=count["skipped"], time=seconds, timestamp=stamp)
+    suite.extend(cases)
+    root = ET.Element("testsuites", name="kvmem", tests=str(len(cases)),
+                      failures=count["failure"], errors=count["error"], time=seconds)
     root.append(suite)
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
