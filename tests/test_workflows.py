@@ -3,11 +3,14 @@ shown in docs/gate.md exactly as they are."""
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from harness.gate.render import MARKER
@@ -18,6 +21,24 @@ ROOT = WORKFLOWS.parents[1]
 GATE_DOC = ROOT / "docs" / "gate.md"
 # A workflow shown in the docs: its path as a heading, then its YAML in one fenced block.
 SHOWN = re.compile(rb"^### `\.github/workflows/([^`]+)`\n\n```yaml\n(.*?)^```$", re.M | re.S)
+# Every action by full commit SHA, its tag in a comment. Each SHA was confirmed as that tag by
+# several independent public repositories pinning the same SHA with the same tag comment.
+PINS = {
+    "actions/checkout": ("11bd71901bbe5b1630ceea73d27597364c9af683", "v4.2.2"),
+    "actions/setup-python": ("a26af69be951a213d495a4c3e4e4022e16d87065", "v5.6.0"),
+    "actions/upload-artifact": ("ea165f8d65b6e75b540449e92b4886f43607fa02", "v4.6.2"),
+    "actions/download-artifact": ("d3f86a106a0bac45b974a628896c90dbdf5c8093", "v4.3.0"),
+    "actions/github-script": ("60a0d83039c74a4aee543508d2ffcb1c3799cdea", "v7.0.1"),
+}
+UNPINNED: set[str] = set()  # actions left on a tag because no SHA could be confirmed: none
+USES = re.compile(r"^\s*(?:-\s+)?uses:\s*(\S+?)@(\S+)(.*)$")
+PINNED = re.compile(r"^[0-9a-f]{40}$")
+TAG_COMMENT = re.compile(r"^ # (v\d+(?:\.\d+)*)$")
+# The jobs that may hold a write permission, and which.
+WRITERS = {("memory-comment.yml", "comment"): {"pull-requests"},
+           ("memory-nightly.yml", "issue"): {"issues"}}
+SHARD_FLAG = "--shard ${{ matrix.shard }}/2"
+ISSUE_MARKER = "<!-- kvmem-nightly-regression -->"
 
 
 def check_schema(*paths: Path) -> subprocess.CompletedProcess:
@@ -32,12 +53,21 @@ def workflow(name: str) -> dict:
     return data
 
 
-def steps(data: dict) -> list[dict]:
-    return [step for job in data["jobs"].values() for step in job["steps"]]
+def steps(data: dict, job: str | None = None) -> list[dict]:
+    jobs = [data["jobs"][job]] if job else data["jobs"].values()
+    return [step for j in jobs for step in j["steps"]]
 
 
-def scripts(data: dict) -> str:
-    return "\n".join(step.get("run", "") for step in steps(data))
+def scripts(data: dict, job: str | None = None) -> str:
+    return "\n".join(step.get("run", "") for step in steps(data, job))
+
+
+def using(data: dict, action: str, job: str | None = None) -> list[dict]:
+    return [s for s in steps(data, job) if s.get("uses", "").startswith(f"{action}@")]
+
+
+def script_of(data: dict, job: str) -> str:
+    return next(s for s in steps(data, job) if "script" in s.get("with", {}))["with"]["script"]
 
 
 def test_workflows_match_the_github_schema():
@@ -54,42 +84,219 @@ def test_the_schema_check_rejects_a_broken_workflow(tmp_path):
     assert result.returncode == 1 and "runs-on" in result.stdout
 
 
-def test_pull_request_workflow_runs_base_and_head_without_a_write_token():
+def test_every_action_is_pinned_to_a_confirmed_commit_with_its_tag():
+    seen = set()
+    for name in FILES:
+        for number, line in enumerate((WORKFLOWS / name).read_text().splitlines(), 1):
+            match = USES.match(line)
+            if not match:
+                continue
+            action, ref, comment = match.groups()
+            where = f"{name}:{number}: {line.strip()}"
+            seen.add(action)
+            if action in UNPINNED:
+                assert re.fullmatch(r"v\d+(\.\d+)*", ref), where
+                continue
+            assert PINNED.match(ref), where
+            tag = TAG_COMMENT.match(comment)
+            assert tag, f"{where}: expected ' # vX.Y.Z' after the SHA"
+            assert (ref, tag.group(1)) == PINS.get(action), where
+    assert seen == set(PINS) | UNPINNED
+    # Every `uses:` the YAML holds is one the line scan checked (none hides in a flow mapping).
+    parsed = [s["uses"].split("@")[0] for name in FILES for s in steps(workflow(name))
+              if "uses" in s]
+    assert set(parsed) == seen
+
+
+def test_no_write_permission_at_the_workflow_level_and_each_writer_in_its_one_job():
+    expected = {"memory-pr.yml": {"contents": "read"}, "memory-nightly.yml": {"contents": "read"},
+                "memory-comment.yml": {}}
+    for name in FILES:
+        data = workflow(name)
+        assert data["permissions"] == expected[name], name
+        for job_name, job in data["jobs"].items():
+            permissions = job.get("permissions", {})
+            assert isinstance(permissions, dict), f"{name}: {job_name}: {permissions!r}"
+            writes = {scope for scope, level in permissions.items() if level == "write"}
+            assert writes == WRITERS.get((name, job_name), set()), f"{name}: {job_name}"
+
+
+def test_pip_is_cached_by_every_python_setup():
+    for name in FILES:
+        data = workflow(name)
+        setups = using(data, "actions/setup-python")
+        installs = [job for job in data["jobs"]
+                    if "pip install" in scripts(data, job)]
+        assert len(setups) == len(installs), name
+        for setup in setups:
+            assert setup["with"]["cache"] == "pip", name
+            assert Path(setup["with"]["cache-dependency-path"]).name == "pyproject.toml", name
+
+
+def assert_sharded(data: dict, job: str, merger: str, artifact: str) -> None:
+    """`job` runs two shards and uploads each; `merger` downloads them all and merges them."""
+    matrix = data["jobs"][job]["strategy"]
+    assert matrix == {"fail-fast": False, "matrix": {"shard": [1, 2]}}
+    upload = using(data, "actions/upload-artifact", job)
+    assert [u["with"]["name"] for u in upload] == [f"{artifact}-${{{{ matrix.shard }}}}"]
+    assert upload[0]["if"] == "always()"
+    assert data["jobs"][merger]["needs"] == job
+    assert data["jobs"][merger]["if"] == "${{ !cancelled() }}"
+    later = steps(data, merger)
+    download = using(data, "actions/download-artifact", merger)
+    assert [d["with"]["pattern"] for d in download] == [f"{artifact}-*"]
+    merge = next(s for s in later if "-m harness merge" in s.get("run", ""))
+    assert later.index(download[0]) < later.index(merge)
+    # The merge step looks for every shard of the matrix: a lost one is never merged away.
+    assert "for shard in 1 2; do" in merge["run"]
+
+
+def merge_step(data: dict, job: str) -> str:
+    return next(s["run"] for s in steps(data, job) if "-m harness merge" in s.get("run", ""))
+
+
+def test_pull_request_workflow_runs_two_shards_without_a_write_token():
     data = workflow("memory-pr.yml")
     assert list(data["on"]) == ["pull_request"]
-    assert data["permissions"] == {"contents": "read"}
-    assert len(data["jobs"]) == 1
-    run = scripts(data)
+    assert list(data["jobs"]) == ["run", "compare"]
+    assert_sharded(data, "run", "compare", "memory-reports-shard")
+    run = scripts(data, "run")
     assert "merge-base" in run and "worktree add" in run
-    assert "-m harness run scenarios --out ../reports/base" in run
-    assert "-m harness run scenarios --out ../reports/head" in run
-    assert "-m harness compare reports/base reports/head" in run
-    uploads = [s for s in steps(data) if s.get("uses", "").startswith("actions/upload-artifact")]
+    assert f"-m harness run scenarios \\\n  {SHARD_FLAG} --out ../reports/base" in run
+    assert f"-m harness run scenarios \\\n  {SHARD_FLAG} --out ../reports/head" in run
+    base_run = next(s for s in steps(data, "run") if "--out ../reports/base" in s.get("run", ""))
+    assert base_run["if"] == "steps.base.outputs.source == 'merge-base'"
+    choose = next(s for s in steps(data, "run") if s.get("id") == "base")
+    assert 'if [ -d "head/baselines/$BACKEND" ]' in choose["run"]
+    assert data["env"] == {"BACKEND": "cpu"}
+    # A lost head shard makes the whole head a failed run (never half a head whose other
+    # variants look removed): nothing is merged, and the comment quotes the runs' log.
+    merge = merge_step(data, "compare")
+    assert 'complete=no' in merge and 'if [ "$complete" = yes ]; then' in merge
+    assert "cat shards/*/head.log > head.log" in merge
+    assert "--out ../reports/head 2>&1 | tee ../reports/head.log" in run
+    compare_step = next(s for s in steps(data, "compare") if s.get("name") == "Compare")
+    assert compare_step["env"]["KVMEM_ARTIFACT_URL"].endswith("/actions/runs/${{ github.run_id }}")
+    assert compare_step["run"].count("reports/head --head-log head.log") == 2
+    compare = scripts(data, "compare")
+    assert "-m harness merge shards/*/head --out reports/head" in compare
+    assert "-m harness merge shards/*/base --out reports/base" in compare
+    assert 'if [ -d "head/baselines/$BACKEND" ]; then base="head/baselines/$BACKEND"; fi' in compare
+    assert '-m harness compare "$base" reports/head' in compare
+    uploads = using(data, "actions/upload-artifact", "compare")
     assert {s["with"]["name"] for s in uploads} == {"memory-delta", "memory-reports"}
     assert all(s["if"] == "always()" for s in uploads)
+    checkouts = using(data, "actions/checkout")
+    assert all(c["with"]["persist-credentials"] is False for c in checkouts)
 
 
 def test_comment_workflow_posts_with_a_write_token_and_runs_no_pull_request_code():
     data, pr = workflow("memory-comment.yml"), workflow("memory-pr.yml")
     assert data["on"] == {"workflow_run": {"workflows": [pr["name"]], "types": ["completed"]}}
-    assert data["permissions"] == {"actions": "read", "pull-requests": "write"}
-    uses = [s.get("uses", "") for s in steps(data)]
-    assert not any(u.startswith("actions/checkout") for u in uses)
+    assert data["jobs"]["comment"]["permissions"] == {"actions": "read", "pull-requests": "write"}
+    assert not using(data, "actions/checkout")
     assert not any("run" in s for s in steps(data))
-    download = next(s for s in steps(data) if s.get("uses", "").startswith("actions/download"))
+    download = using(data, "actions/download-artifact")[0]
     assert download["with"]["name"] == "memory-delta"
-    script = next(s for s in steps(data) if "script" in s.get("with", {}))["with"]["script"]
+    script = script_of(data, "comment")
     assert f"const marker = '{MARKER}';" in script
     assert "updateComment" in script and "createComment" in script
 
 
-def test_nightly_workflow_checks_the_baselines_and_uploads_plots():
+def test_nightly_workflow_checks_merged_shards_and_uploads_plots_and_history():
     data = workflow("memory-nightly.yml")
     assert data["on"]["schedule"] == [{"cron": "17 3 * * *"}]
-    assert data["permissions"] == {"contents": "read"}
-    assert "-m harness baseline check --dir baselines" in scripts(data)
-    upload = next(s for s in steps(data) if s.get("uses", "").startswith("actions/upload"))
-    assert upload["if"] == "always()" and "reports/nightly/**/*.png" in upload["with"]["path"]
+    assert list(data["jobs"]) == ["run", "baseline-check", "issue"]
+    assert_sharded(data, "run", "baseline-check", "memory-nightly-shard")
+    assert f"-m harness run scenarios {SHARD_FLAG} --out reports/nightly" in scripts(data, "run")
+    check = scripts(data, "baseline-check")
+    # The nightly stops on a lost shard: the baselines of its variants would look removed.
+    # `merge` exits 1 or 2 for a run that failed, as `run` does: that must not stop the check,
+    # but a refused merge (no folder written) must.
+    merge = merge_step(data, "baseline-check")
+    assert "exit 2" in merge
+    assert "|| true\ntest -d merged-reports\n" in merge
+    assert "-m harness merge shards/memory-nightly-shard-* --out merged-reports" in check
+    assert "-m harness baseline check --dir baselines --from merged-reports" in check
+    assert ("-m harness export merged-reports --format github-action-benchmark \\\n"
+            "  --out benchmark/kvmem-benchmark.json") in check
+    assert '-m harness history "baselines/$BACKEND" merged-reports --out history' in check
+    uploads = {u["with"]["name"]: u for u in using(data, "actions/upload-artifact",
+                                                   "baseline-check")}
+    assert set(uploads) == {"memory-nightly", "memory-benchmark"}
+    assert all(u["if"] == "always()" for u in uploads.values())
+    paths = uploads["memory-nightly"]["with"]["path"].split()
+    assert {"merged-reports/**/*.png", "history/*.png", "delta/memory-delta.md"} <= set(paths)
+    assert uploads["memory-benchmark"]["with"]["path"] == "benchmark/kvmem-benchmark.json"
+    # Export and history run whatever the check's verdict, once the shards are merged.
+    for step in steps(data, "baseline-check"):
+        if "harness export" in step.get("run", "") or "harness history" in step.get("run", ""):
+            assert step["if"] == "${{ !cancelled() && steps.merge.outcome == 'success' }}"
+
+
+def test_nightly_opens_or_updates_one_issue_from_a_job_that_runs_nothing():
+    data = workflow("memory-nightly.yml")
+    check, issue = data["jobs"]["baseline-check"], data["jobs"]["issue"]
+    assert check["outputs"] == {"regression": "${{ steps.check.outputs.status == '1' }}"}
+    run = next(s for s in steps(data, "baseline-check") if s.get("id") == "check")["run"]
+    assert "|| status=$?" in run and 'echo "status=$status" >> "$GITHUB_OUTPUT"' in run
+    assert issue["needs"] == "baseline-check"
+    assert issue["if"] == ("${{ !cancelled() && "
+                           "needs.baseline-check.outputs.regression == 'true' }}")
+    assert issue["permissions"] == {"issues": "write"}
+    assert not using(data, "actions/checkout", "issue")
+    assert not any("run" in s for s in steps(data, "issue"))
+    assert using(data, "actions/download-artifact", "issue")[0]["with"] == {
+        "name": "memory-nightly", "path": "nightly"}
+    script = script_of(data, "issue")
+    assert f"const marker = '{ISSUE_MARKER}';" in script
+    assert "const title = 'kvmem nightly: memory regression';" in script
+    assert "nightly/delta/memory-delta.md" in script
+
+
+def run_issue_script(tmp_path: Path, existing: list[dict]) -> list[list]:
+    """Run the nightly's github-script body under node against a stand-in GitHub API; return
+    the calls it made as [method, params]."""
+    script = script_of(workflow("memory-nightly.yml"), "issue")
+    (tmp_path / "nightly" / "delta").mkdir(parents=True)
+    (tmp_path / "nightly" / "delta" / "memory-delta.md").write_text(f"{MARKER}\n### 🔴 x\n")
+    harness = """
+const calls = [];
+const existing = JSON.parse(process.argv[1]);
+const record = (name) => async (params) => { calls.push([name, params]); return { data: { number: 99 } }; };
+const github = {
+  paginate: async (method, params) => { calls.push(['paginate', params]); return existing; },
+  rest: { issues: { listForRepo: 'listForRepo', update: record('update'), create: record('create') } },
+};
+const context = { repo: { owner: 'o', repo: 'r' }, serverUrl: 'https://github.com', runId: 7 };
+const core = { notice: () => {} };
+const AsyncFunction = Object.getPrototypeOf(async function () {}).constructor;
+new AsyncFunction('require', 'github', 'context', 'core', process.argv[2])(require, github, context, core)
+  .then(() => console.log(JSON.stringify(calls)));
+"""
+    result = subprocess.run(["node", "-e", harness, json.dumps(existing), script], cwd=tmp_path,
+                            capture_output=True, text=True, check=True)
+    return json.loads(result.stdout)
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_the_issue_script_updates_its_own_open_issue_or_opens_one(tmp_path):
+    bot = "github-actions[bot]"
+    calls = run_issue_script(tmp_path, [])
+    assert [c[0] for c in calls] == ["paginate", "create"]
+    assert calls[0][1] == {"owner": "o", "repo": "r", "state": "open", "per_page": 100}
+    created = calls[1][1]
+    assert created["title"] == "kvmem nightly: memory regression"
+    assert created["body"] == (f"{ISSUE_MARKER}\nLatest failing night: "
+                               f"https://github.com/o/r/actions/runs/7\n\n{MARKER}\n### 🔴 x\n")
+    others = [{"number": 3, "user": {"login": "someone"}, "body": f"{ISSUE_MARKER}\nquoted"},
+              {"number": 4, "user": {"login": bot}, "body": f"{ISSUE_MARKER}\n", "pull_request": {}},
+              {"number": 5, "user": {"login": bot}, "body": None}]
+    assert [c[0] for c in run_issue_script(tmp_path / "a", others)] == ["paginate", "create"]
+    mine = {"number": 6, "user": {"login": bot}, "body": f"{ISSUE_MARKER}\nold"}
+    calls = run_issue_script(tmp_path / "b", [*others, mine])
+    assert [c[0] for c in calls] == ["paginate", "update"]
+    assert calls[1][1]["issue_number"] == 6 and calls[1][1]["body"].startswith(ISSUE_MARKER)
 
 
 def shown_workflows(doc: bytes) -> dict[str, bytes]:
