@@ -22,10 +22,13 @@ from rich.table import Table
 
 from . import geometry
 from .gate import baseline, noise
-from .gate.compare import METRICS, CompareError, Comparison, compare, fraction, size
+from .gate.compare import METRICS, CompareError, Comparison, compare, fraction, head_failed, size
+from .gate.history import DEFAULT_METRICS, FORMATS, load_runs, render_benchmark, write_history
 from .gate.render import RENDERERS, render_text
 from .report import ReportError
 from .run.isolation import DEFAULT_TIMEOUT
+from .run.merge import merge
+from .run.schedule import parse_shard, shard
 from .run.suite import exit_status, run_repeated, run_variants, table
 from .scenario import ScenarioError, Variant, discover, load_variants
 from .summary_io import Summary, SummaryError, atomic_text, checked, load_summaries
@@ -43,10 +46,22 @@ def _variants(paths: Sequence[str | Path], only: list[str] | None = None) -> lis
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:
-    summaries = run_variants(_variants(args.paths, args.variant), Path(args.out), console,
-                             args.timeout)
+    variants = _variants(args.paths, args.variant)
+    if args.shard:
+        variants = shard(variants, *args.shard)
+        console.print(f"shard {args.shard[0]}/{args.shard[1]}: {len(variants)} variant(s)",
+                      highlight=False)
+    summaries = run_variants(variants, Path(args.out), console, args.timeout, args.jobs)
     console.print(table(summaries))
     console.print(f"reports written under {args.out}/")
+    return exit_status(summaries)
+
+
+def _merge(args: argparse.Namespace, console: Console) -> int:
+    summaries = merge([Path(p) for p in args.folders], Path(args.out), console)
+    console.print(table(summaries))
+    console.print(f"merged {len(summaries)} variant(s) from {len(args.folders)} folder(s) "
+                  f"into {args.out}/", highlight=False)
     return exit_status(summaries)
 
 
@@ -107,7 +122,9 @@ def _tolerance_flags(args: argparse.Namespace) -> tuple[dict[str, float], dict[s
 
 
 def _emit(comparison: Comparison, args: argparse.Namespace, console: Console) -> int:
-    """Render in the requested format to --out (the text rendering still goes to stdout)."""
+    """Render in the requested format to --out (the text rendering still goes to stdout), with
+    the link to the run's plots from --artifact-url or KVMEM_ARTIFACT_URL."""
+    comparison.artifact_url = args.artifact_url or os.environ.get("KVMEM_ARTIFACT_URL") or None
     if args.out:
         try:
             atomic_text(Path(args.out), RENDERERS[args.format](comparison))
@@ -120,10 +137,23 @@ def _emit(comparison: Comparison, args: argparse.Namespace, console: Console) ->
 
 
 def _compare(args: argparse.Namespace, console: Console) -> int:
+    """Compare; a head that produced no summaries (it crashed, or its input was refused) is a
+    regression whose comment says so, with the first error line known: --head-error, else the
+    last line of --head-log that mentions an error."""
+    def head_error() -> str | None:
+        if args.head_error or not args.head_log:
+            return args.head_error
+        try:
+            text = Path(args.head_log).read_text(errors="replace")
+        except OSError as exc:
+            return f"(cannot read {args.head_log}: {exc.strerror or exc})"
+        found = [line.strip() for line in text.splitlines() if "error" in line.lower()]
+        return next((line for line in reversed(found) if line), None)
+
     rel, abs_ = _tolerance_flags(args)
     base, head = load_summaries(args.base), load_summaries(args.head)
     if not head:
-        raise CompareError(f"{args.head}: no summaries found")
+        return _emit(head_failed(base, head_error()), args, console)
     return _emit(compare(base, head, rel, abs_), args, console)
 
 
@@ -141,10 +171,10 @@ def _suite_summaries(args: argparse.Namespace, console: Console) -> list[Summary
         return summaries
     variants, reports = _variants(args.paths or ["scenarios"]), Path(args.reports)
     if runs > 1:
-        results = run_repeated(variants, runs, reports, console)
+        results = run_repeated(variants, runs, reports, console, args.jobs)
         _warn(console, noise.warnings(results))
     else:
-        results = run_variants(variants, reports, console)
+        results = run_variants(variants, reports, console, jobs=args.jobs)
     return [checked(Summary(reports / r["scenario"] / r["variant"] / "summary.json", r))
             for r in results]
 
@@ -155,21 +185,36 @@ def _warn(console: Console, lines: list[str]) -> None:
 
 
 def _baseline_update(args: argparse.Namespace, console: Console) -> int:
+    """Record what changed: `added s/v`, `updated s/v (peak +12 MiB, ...)`, `kept N
+    unchanged`; a failed run is listed and not recorded (exit 2)."""
     errors = Console(stderr=True, soft_wrap=True)
-    written, skipped = baseline.store(_suite_summaries(args, errors), Path(args.dir))
-    for path in written:
-        console.print(f"wrote {path}", highlight=False)
-    for summary in skipped:
-        errors.print(f"error: {escape(summary.label)}: {summary.data['status']} "
-                     f"({escape(str(summary.data.get('error')))}): no baseline written",
+    summaries = _suite_summaries(args, errors)
+    result = baseline.store(summaries, Path(args.dir), args.allow_failed)
+    several = len({s.backend for s in summaries}) > 1
+
+    def label(summary: Summary) -> str:
+        return escape(summary.label + (f" on {summary.backend}" if several else ""))
+
+    for change in result.written:
+        reasons = f" ({escape(', '.join(change.reasons))})" if change.reasons else ""
+        console.print(f"{change.action} {label(change.summary)}{reasons}", highlight=False)
+        if not baseline.passed(change.summary):
+            _warn(errors, [f"{change.summary.label}: recorded although its expectations failed "
+                           "(--allow-failed)"])
+    if result.kept:
+        console.print(f"kept {len(result.kept)} unchanged", highlight=False)
+    for summary, why in result.refused:
+        errors.print(f"error: {label(summary)}: {escape(why)}: no baseline written",
                      highlight=False)
-    return 2 if skipped else 0
+    return 2 if result.refused else 0
 
 
 def _baseline_check(args: argparse.Namespace, console: Console) -> int:
     rel, abs_ = _tolerance_flags(args)
     head = _suite_summaries(args, Console(stderr=True, soft_wrap=True))
-    base = baseline.load_baselines(Path(args.dir), head, bool(args.paths or args.source))
+    # Explicit paths run part of the suite: baselines of the other scenarios are not "removed".
+    # Reports given with --from (the nightly's merged shards) stand for the whole suite.
+    base = baseline.load_baselines(Path(args.dir), head, partial=bool(args.paths))
     return _emit(compare(base, head, rel, abs_), args, console)
 
 
@@ -177,13 +222,68 @@ def _noise(args: argparse.Namespace, console: Console) -> int:
     """Exit 2 when a run did not complete, 1 when exact metrics differed or an expectation
     failed in some run, else 0."""
     summaries = run_repeated(_variants(args.paths, args.variant), args.runs, Path(args.out),
-                             console)
+                             console, args.jobs)
     console.print(noise.table(summaries))
     found = noise.warnings(summaries)
     _warn(console, found)
     console.print(f"reports written under {args.out}/ (the median run of each variant); record "
                   f"them with `kvmem baseline update --from {args.out}`", highlight=False)
     return max(exit_status(summaries), 1 if found else 0)
+
+
+def _export(args: argparse.Namespace, console: Console) -> int:
+    """The summaries' gated metrics as a benchmark feed (github-action-benchmark, Bencher)."""
+    summaries = [s for report in args.reports for s in load_summaries(report)]
+    if not summaries:
+        raise SummaryError(f"{', '.join(args.reports)}: no summaries found")
+    text = render_benchmark(summaries)
+    left_out = [s.label for s in summaries if not s.ok]
+    if left_out:
+        _warn(Console(stderr=True, soft_wrap=True),
+              [f"left out {len(left_out)} runs that did not complete: {', '.join(left_out)}"])
+    if not args.out:
+        sys.stdout.write(text)
+        return 0
+    try:
+        atomic_text(Path(args.out), text)
+    except OSError as exc:
+        raise ReportError(f"{args.out}: cannot write: {exc.strerror or exc}") from None
+    console.print(f"wrote {args.out}", highlight=False)
+    return 0
+
+
+def _history(args: argparse.Namespace, console: Console) -> int:
+    """One PNG per scenario: the metrics across the runs, in the order given."""
+    runs = load_runs(args.dirs)
+    if not any(run.summaries for run in runs):
+        raise SummaryError(f"{', '.join(args.dirs)}: no summaries found")
+    try:
+        written = write_history(runs, Path(args.out), args.metric or DEFAULT_METRICS)
+    except OSError as exc:
+        raise ReportError(f"{args.out}: cannot write: {exc.strerror or exc}") from None
+    for path in written:
+        console.print(f"wrote {path}", highlight=False)
+    return 0
+
+
+def _history_parsers(sub: argparse._SubParsersAction) -> None:
+    """`export` and `history`: the gate's figures for charts kept across runs."""
+    export = sub.add_parser(
+        "export", help="write the summaries' gated metrics as a benchmark feed (JSON)")
+    export.add_argument("reports", nargs="+", metavar="REPORTS",
+                        help="report folders, summary files or baselines folders")
+    export.add_argument("--format", choices=FORMATS, default=FORMATS[0],
+                        help="github-action-benchmark's customSmallerIsBetter list (default)")
+    export.add_argument("--out", help="write the JSON to FILE instead of stdout")
+    export.set_defaults(handler=_export)
+    history = sub.add_parser(
+        "history", help="plot metrics across a sequence of runs: one PNG per scenario")
+    history.add_argument("dirs", nargs="+", metavar="DIR",
+                         help="report or baselines folders, oldest first")
+    history.add_argument("--out", required=True, help="folder for the PNGs")
+    history.add_argument("--metric", action="append", choices=METRICS,
+                         help=f"a metric to plot (repeatable; default: {', '.join(DEFAULT_METRICS)})")
+    history.set_defaults(handler=_history)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -199,7 +299,15 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=_seconds, metavar="SECONDS",
                      help="kill a variant that runs longer (default: the scenario's timeout, "
                           f"else {DEFAULT_TIMEOUT:g} s)")
+    _jobs_option(run)
+    run.add_argument("--shard", type=parse_shard, metavar="I/N",
+                     help="run only the I-th of N deterministic parts of the suite's variants, "
+                          "balanced by planned steps (join the parts with `kvmem merge`)")
     run.set_defaults(handler=_run)
+    merging = sub.add_parser("merge", help="join the report folders of sharded runs into one")
+    merging.add_argument("folders", nargs="+", metavar="DIR", help="report folders to join")
+    merging.add_argument("--out", required=True, help="the joined report folder")
+    merging.set_defaults(handler=_merge)
     listing = sub.add_parser("list", help="list bundled scenarios and model presets")
     listing.add_argument("--dir", default=str(DEFAULT_SCENARIOS), help="scenario folder")
     listing.set_defaults(handler=_list)
@@ -211,6 +319,11 @@ def parser() -> argparse.ArgumentParser:
     comparing.add_argument("base", help="report folder, summary.json or baselines folder")
     comparing.add_argument("head", help="report folder, summary.json or baselines folder")
     _gate_options(comparing)
+    comparing.add_argument("--head-error", metavar="TEXT",
+                           help="when the head produced no summaries: its error, for the comment")
+    comparing.add_argument("--head-log", metavar="FILE",
+                           help="when the head produced no summaries: its log; the last line "
+                                "mentioning an error goes in the comment")
     comparing.set_defaults(handler=_compare)
 
     baselines = sub.add_parser("baseline", help="record or check committed baselines")
@@ -226,10 +339,14 @@ def parser() -> argparse.ArgumentParser:
                             help="where the suite's reports go (default: reports)")
         action.add_argument("--from", dest="source", metavar="REPORTS",
                             help="use the summaries under REPORTS instead of running the suite")
+        _jobs_option(action)
         action.set_defaults(handler=handler)
     update.add_argument("--runs", type=_runs(1), default=1, metavar="N",
                         help="run each variant N times and record the median run with the "
                              "measured spread of peak and spike (default: 1)")
+    update.add_argument("--allow-failed", action="store_true",
+                        help="record a completed run whose expectations failed (a run that "
+                             "did not complete is never recorded)")
     _gate_options(check)
 
     noisy = sub.add_parser(
@@ -240,7 +357,9 @@ def parser() -> argparse.ArgumentParser:
                        help=f"runs per variant (default: {noise.DEFAULT_RUNS})")
     noisy.add_argument("--out", default=noise.DEFAULT_OUT,
                        help=f"report folder for the median runs (default: {noise.DEFAULT_OUT})")
+    _jobs_option(noisy)
     noisy.set_defaults(handler=_noise)
+    _history_parsers(sub)
     return top
 
 
@@ -252,6 +371,21 @@ def _gate_options(parser: argparse.ArgumentParser) -> None:
                         help="relative threshold for a metric, e.g. peak=0.05")
     parser.add_argument("--abs", action="append", default=[], metavar="METRIC=SIZE",
                         help="absolute noise floor for a metric, e.g. 'peak=8 MiB'")
+    parser.add_argument("--artifact-url", metavar="URL",
+                        help="where the run's plots are: linked from the comment (default: "
+                             "$KVMEM_ARTIFACT_URL)")
+
+
+def _jobs_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--jobs", type=_job_count, default=1, metavar="N",
+                        help="run up to N variants at once, each started only when its "
+                             "estimated footprint fits beside the running ones (default: 1)")
+
+
+def _job_count(text: str) -> int:
+    if not text.isdecimal() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of jobs >= 1, got {text!r}")
+    return int(text)
 
 
 def _runs(least: int):
