@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from .units import Size
+from .units import Size, mib
 
 MAX_STEPS_LISTED = 20
 MAX_WARMUP = 2**31 - 1          # an int32, as every count of a scenario
@@ -85,10 +85,6 @@ def from_hits(kind: str, hits: pd.DataFrame, excess: pd.Series,
                    hits["step"].head(MAX_STEPS_LISTED).tolist())
 
 
-def _mib(n: float) -> str:
-    return f"{n / 2**20:,.2f} MiB"
-
-
 def _previous_active(frame: pd.DataFrame) -> pd.Series:
     return frame["active"].shift(1, fill_value=frame["active"].iloc[0])
 
@@ -119,7 +115,7 @@ def spike(frame: pd.DataFrame, t: SpikeThresholds, backend: str) -> Finding | No
     excess, ratios = transients(frame), spike_ratios(frame)
     hits = frame[(excess > t.min_bytes) & (ratios >= t.min_ratio)]
     return from_hits("spike", hits, excess, lambda at: (
-        f"{len(hits)} transient spike(s); largest +{_mib(excess[at])} above the settled "
+        f"{len(hits)} transient spike(s); largest +{mib(excess[at])} MiB above the settled "
         f"memory ({ratios[at]:.2f}x) at step {frame['step'][at]} ({frame['phase'][at]})"))
 
 
@@ -140,7 +136,7 @@ def growth(frame: pd.DataFrame, t: GrowthThresholds, backend: str) -> Finding | 
     hits = frame[eligible & (excess > t.min_bytes)]
     return from_hits("growth", hits, excess, lambda at: (
         f"{len(hits)} step(s) grew active memory beyond their tokens; largest "
-        f"+{_mib(excess[at])} at step {frame['step'][at]} ({frame['phase'][at]})"))
+        f"+{mib(excess[at])} MiB at step {frame['step'][at]} ({frame['phase'][at]})"))
 
 
 def quiescent(frame: pd.DataFrame) -> pd.DataFrame:
@@ -202,7 +198,7 @@ def retained(frame: pd.DataFrame, t: RetainedThresholds, backend: str) -> Findin
     excess = frame["active"] - frame["active"].iloc[0] - frame["logical"]
     hits = frame[excess > np.maximum(t.min_bytes, t.ratio * frame["logical"])]
     return from_hits("retained", hits, excess, lambda at: (
-        f"allocator holds {_mib(excess[at])} beyond the {_mib(frame['logical'][at])} the "
+        f"allocator holds {mib(excess[at])} MiB beyond the {mib(frame['logical'][at])} MiB the "
         f"components report, at step {frame['step'][at]} ({frame['phase'][at]})"))
 
 
@@ -228,8 +224,8 @@ def host_memory(frame: pd.DataFrame, t: HostThresholds, backend: str) -> Finding
     active_rise = points["active"] - base["active"].iloc[0]
     hits = points[(rise > t.min_bytes) & (rise > active_rise)]
     return from_hits("host_memory", hits, rise, lambda at: (
-        f"process memory outside MLX grew {_mib(rise[at])} while MLX active grew "
-        f"{_mib(active_rise[at])} (at step {frame['step'][at]})"))
+        f"process memory outside MLX grew {mib(rise[at])} MiB while MLX active grew "
+        f"{mib(active_rise[at])} MiB (at step {frame['step'][at]})"))
 
 
 @dataclass(frozen=True)

@@ -56,8 +56,3 @@ def exact_allocator():
     mx.clear_cache()
     yield
     mx.set_cache_limit(limit)
-
-
-@pytest.fixture
-def run_spec():
-    return serve
