@@ -101,6 +101,10 @@ def _show(args: argparse.Namespace, console: Console) -> int:
         for f in s.get("findings", []):
             console.print(f"  {escape(s['scenario'])}/{escape(s['variant'])}: "
                           f"[bold]{escape(f['kind'])}[/bold] {escape(f['message'])}")
+        stats = s.get("store_stats")
+        if isinstance(stats, dict) and stats:
+            console.print(f"  {escape(s['scenario'])}/{escape(s['variant'])}: store "
+                          + escape(", ".join(f"{k} {v}" for k, v in stats.items())))
         if s.get("noise"):
             console.print(noise.table([s]))
     return exit_status(summaries)

@@ -59,6 +59,8 @@ REGISTRY: dict[str, str] = {
     "reference.paged_ssd": "reference_impl.paged_ssd:PagedSSDStore",
     "reference.turboquant": "reference_impl.turboquant:turboquant",
     "reference.chat": "reference_impl.chat:ChatSession",
+    "mlx_lm.LRUPromptCache": "harness.adapters:lru_prompt_cache",
+    "adapt.remaining": "harness.adapters:remaining",
 }
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from ..adapters import store_stats
 from ..components import resolve
 from ..geometry import KIND_RECURRENT, KIND_SLIDING, Geometry
 from ..protocols import LayerCache, Session, Store
@@ -207,6 +208,10 @@ class Engine:
             self.serve_chat(chat)
         else:
             self.serve_requests()
+
+    def store_stats(self) -> dict[str, int | float] | None:
+        """The store's `stats` (a flat dict of numbers) as it stands, or None without one."""
+        return None if self.store is None else store_stats(self.store)
 
     def close(self) -> None:
         if self.store is not None:

@@ -54,6 +54,7 @@ class RunOutcome:
     last_step: int
     wall_s: float
     estimate: int
+    store_stats: dict | None = None  # the store's `stats` at the end of the run, if it has any
 
 
 def _context_tokens(spec: ScenarioSpec) -> int:
@@ -135,6 +136,7 @@ def _child(variant: Variant, pipe: Connection, verdicts: Connection, last_step,
         if message["refused"] is None:
             engine = Engine(variant.spec, probe, lambda steps: setattr(last_step, "value", steps))
             engine.serve()
+            message["store_stats"] = engine.store_stats()
             message["completed"] = True
     except BaseException as exc:  # SystemExit from a component is a failed run too
         message["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-3)}"
@@ -241,5 +243,6 @@ def _outcome(variant: Variant, message: dict, ended: str | None, code: int | Non
         error = (f"the variant's process {_how(code)} at step {steps} before completing its "
                  "workload")
     else:
-        return RunOutcome(variant, "ok", rows, None, code, steps, wall, estimate)
+        return RunOutcome(variant, "ok", rows, None, code, steps, wall, estimate,
+                          message.get("store_stats"))
     return RunOutcome(variant, "failed", rows, error, code, steps, wall, estimate)

@@ -70,6 +70,8 @@ def summarize(outcome: RunOutcome, environment: dict) -> tuple[pd.DataFrame, lis
         "series": {"active": report.series(frame)},
         "environment": environment,
     }
+    if outcome.store_stats is not None:
+        summary["store_stats"] = outcome.store_stats
     return frame, findings, summary
 
 
