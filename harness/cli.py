@@ -74,10 +74,10 @@ def _list(args: argparse.Namespace, console: Console) -> int:
         try:
             variants = load_variants(path)
             first_sentence = variants[0].spec.description.split(". ")[0].rstrip(".")
-            scenarios.add_row(path.name, escape(", ".join(v.name for v in variants)),
+            scenarios.add_row(escape(path.name), escape(", ".join(v.name for v in variants)),
                               escape(first_sentence))
         except ScenarioError as exc:
-            scenarios.add_row(path.name, "[red]invalid[/red]", escape(str(exc)))
+            scenarios.add_row(escape(path.name), "[red]invalid[/red]", escape(str(exc)))
     console.print(scenarios)
     presets = Table(title="model presets")
     for column in ("name", "layers", "KV per token", "vocab"):

@@ -20,7 +20,7 @@ import gc
 
 import pytest
 
-from harness.units import format_bytes
+from harness.units import format_bytes, parse_size
 
 BOUNDS = ("peak", "retained", "leak_rate")
 
@@ -78,8 +78,6 @@ def _bytes(value: int) -> str:
 
 
 def _bounds(marker: pytest.Mark) -> tuple[dict[str, int], int]:
-    from harness.units import parse_size
-
     if marker.args:
         pytest.fail("kv_limit takes keyword bounds only, e.g. kv_limit(peak='64 MiB')", pytrace=False)
     options = dict(marker.kwargs)

@@ -21,6 +21,13 @@ def run(argv: list[str], capsys) -> tuple[int, str, str]:
     return code, out, err
 
 
+def why_lines(markdown: str) -> list[str]:
+    """The six lines under the comment's "Why" heading: one regressed variant's explanation."""
+    lines = markdown.splitlines()
+    why = lines.index("Why, in the head run's own words:")
+    return lines[why + 1:why + 7]
+
+
 def suites(tmp_path, base: list[dict], head: list[dict]) -> tuple[str, str]:
     for root, items in (("base", base), ("head", head)):
         (tmp_path / root).mkdir()
@@ -347,10 +354,8 @@ def test_the_trim_regression_is_explained_by_its_finding_and_expectation(trim_ru
     code, out, _ = cli(["compare", str(runs[0]), str(bug), "--format", "markdown",
                         "--artifact-url", url], capsys)
     assert code == 1
-    lines = out.splitlines()
-    why = lines.index("Why, in the head run's own words:")
     # The scenario's retained threshold (256 KiB) sees the 560 KiB the slices keep alive.
-    assert lines[why + 1:why + 7] == [
+    assert why_lines(out) == [
         "", "- `gate_trim/after`",
         "  - finding `retained` (new): allocator holds 0.55 MiB beyond the 0.55 MiB the "
         "components report, at step 41 (idle)",
@@ -746,9 +751,7 @@ def test_a_regression_is_explained_in_the_head_runs_words(tmp_path, capsys, monk
         "    plots: https://ci.example/runs/7/artifacts/memory-reports"]
     code, out, _ = run([base, head, "--format", "markdown", "--artifact-url", "https://x/y"],
                        capsys)
-    lines = out.splitlines()
-    why = lines.index("Why, in the head run's own words:")
-    assert lines[why + 1:why + 7] == [
+    assert why_lines(out) == [
         "", "- `cache/slice`",
         "  - finding `retained` (new): allocator holds 15.38 MiB beyond the 34.69 MiB the "
         "components report, at step 48 (idle)",
