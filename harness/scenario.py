@@ -218,6 +218,10 @@ class WorkloadSpec(_Strict):
 
 class SamplingSpec(_Strict):
     seed: Annotated[int, Field(strict=True, ge=0, le=MAX_SEED)] = 0
+    # True: Python's automatic cycle collection is off during the run and the collector runs at
+    # each idle point, where what it frees is measured (the gc_deferred finding). False: the
+    # automatic collector runs when it will, as in a server, and cycles hold memory until then.
+    collect_cycles: Annotated[bool, Field(strict=True)] = True
 
 
 class DetectSpec(_Strict):

@@ -10,6 +10,7 @@ instead of taking the others down), the scenario tests and the benchmark in thei
 
 from __future__ import annotations
 
+import gc
 import math
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +23,7 @@ from ..components import resolve
 from ..geometry import KIND_RECURRENT, KIND_SLIDING, Geometry
 from ..protocols import LayerCache, Session, Store
 from ..scenario import ChatSpec, ScenarioSpec, WorkloadSpec
-from .probe import Probe, release_freed_heap
+from .probe import Probe, collect_cycles, release_freed_heap
 from .recurrent import RecurrentState
 from .synthetic import SyntheticKV
 
@@ -95,7 +96,7 @@ class Engine:
                 caches.append(_component(self.spec.cache.layer, layer))
         return caches
 
-    def _record(self, phase: str, work: int) -> None:
+    def _record(self, phase: str, work: int, collected: int = 0) -> None:
         logical = sum(c.nbytes for caches in self._live for c in caches)
         host = 0
         for part in (self.store, self.session):
@@ -103,7 +104,7 @@ class Engine:
                 logical += part.nbytes
                 host += getattr(part, "host_bytes", 0)  # a component without it holds none
         self.probe.end(phase, self._request, self._turn, self._tokens, logical, host,
-                       self.geometry.minimum_bytes(self._tokens), work)
+                       self.geometry.minimum_bytes(self._tokens), work, collected)
         if self.progress is not None:
             self.progress(self.probe.steps)
 
@@ -145,10 +146,12 @@ class Engine:
             self._record("decode", work)
 
     def idle(self) -> None:
-        """A quiescent sample: nothing in flight, what remains is what is held."""
+        """A quiescent sample: nothing in flight, what remains is what is held (once the cycle
+        collector has run, when the scenario collects cycles)."""
+        collected = collect_cycles() if self.spec.sampling.collect_cycles else 0
         release_freed_heap()
         self.probe.begin()
-        self._record("idle", 0)
+        self._record("idle", 0, collected)
 
     def serve_requests(self) -> None:
         plan = request_plan(self.spec.workload, self.geometry.vocab, self.spec.sampling.seed)
@@ -202,12 +205,20 @@ class Engine:
             self.idle()
 
     def serve(self) -> None:
-        self.idle()  # the baseline: pools drawn, nothing cached yet
-        chat = self.spec.workload.chat
-        if chat is not None:
-            self.serve_chat(chat)
-        else:
-            self.serve_requests()
+        collecting = self.spec.sampling.collect_cycles
+        enabled = gc.isenabled()
+        if collecting:
+            gc.disable()  # cycles are freed at idle points only, where they are measured
+        try:
+            self.idle()  # the baseline: pools drawn, nothing cached yet
+            chat = self.spec.workload.chat
+            if chat is not None:
+                self.serve_chat(chat)
+            else:
+                self.serve_requests()
+        finally:
+            if collecting and enabled:
+                gc.enable()
 
     def store_stats(self) -> dict[str, int | float] | None:
         """The store's `stats` (a flat dict of numbers) as it stands, or None without one."""

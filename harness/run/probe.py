@@ -4,11 +4,15 @@ The MLX counters cost well under a microsecond each; what a step pays is the syn
 makes them exact (tens of microseconds, a round trip to MLX's worker thread) and the RSS read.
 Rows go into a numpy structured array that doubles as needed (under 100 bytes a row), so a
 million-step run stays under 100 MB and becomes a DataFrame only at the end.
+
+`collected` is nonzero only at idle points: the MLX bytes that Python's cycle collector freed
+there (`collect_cycles`), memory that reference cycles held until the collector ran.
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import sys
 from collections.abc import Callable
@@ -24,7 +28,7 @@ ROW = np.dtype([
     ("step", np.int64), ("phase", np.uint8), ("request", np.int32), ("turn", np.int32),
     ("tokens", np.int64), ("active", np.int64), ("peak", np.int64), ("cache", np.int64),
     ("rss", np.int64), ("logical", np.int64), ("host", np.int64), ("minimum", np.int64),
-    ("work", np.int64),
+    ("work", np.int64), ("collected", np.int64),
 ])
 
 
@@ -47,6 +51,18 @@ def release_freed_heap() -> None:
     """
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
+
+
+def collect_cycles() -> int:
+    """Run Python's cycle collector; the MLX bytes it freed.
+
+    Called where nothing is in flight (the previous step ended synchronized), so active memory
+    before is exact, and an array freed by the collector returns its buffer at once.
+    """
+    before = mx.get_active_memory()
+    gc.collect()
+    mx.synchronize()
+    return max(before - mx.get_active_memory(), 0)
 
 
 def current_rss() -> int:
@@ -98,7 +114,7 @@ class Probe:
         mx.reset_peak_memory()
 
     def end(self, phase: str, request: int, turn: int, tokens: int,
-            logical: int, host: int, minimum: int, work: int) -> None:
+            logical: int, host: int, minimum: int, work: int, collected: int = 0) -> None:
         mx.synchronize()
         active = mx.get_active_memory()
         peak = max(mx.get_peak_memory(), self._before, active)
@@ -106,7 +122,7 @@ class Probe:
             self._rows = np.resize(self._rows, 2 * len(self._rows))
         self._rows[self._n] = (
             self._n, PHASES.index(phase), request, turn, tokens, active, peak,
-            mx.get_cache_memory(), current_rss(), logical, host, minimum, work,
+            mx.get_cache_memory(), current_rss(), logical, host, minimum, work, collected,
         )
         self._n += 1
 
