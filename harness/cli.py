@@ -21,11 +21,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import geometry
+from .components import import_paths
 from .gate import baseline, noise
 from .gate.compare import METRICS, CompareError, Comparison, compare, fraction, head_failed, size
 from .gate.history import DEFAULT_METRICS, FORMATS, load_runs, render_benchmark, write_history
 from .gate.render import RENDERERS, render_text
 from .report import ReportError
+from .requirements import bound_warnings
 from .run.isolation import DEFAULT_TIMEOUT
 from .run.merge import merge
 from .run.schedule import parse_shard, shard
@@ -37,16 +39,26 @@ BAD_INPUT = (ScenarioError, ReportError, SummaryError, CompareError)
 DEFAULT_SCENARIOS = Path("scenarios")
 
 
-def _variants(paths: Sequence[str | Path], only: list[str] | None = None) -> list[Variant]:
-    """Every variant of the scenario files under `paths` (or those named), validated first."""
+def _variants(paths: Sequence[str | Path], only: list[str] | None = None,
+              console: Console | None = None) -> list[Variant]:
+    """Every variant of the scenario files under `paths` (or those named), validated first.
+
+    With a console (the commands that run them), warns once about each version bound on mlx
+    or mlx-lm that a component's package declares and the installed version violates.
+    """
     variants = [v for path in discover(paths) for v in load_variants(path, only)]
     if not variants:
         raise ScenarioError(f"{', '.join(map(str, paths))}: no scenario files (*.yaml) found")
+    if console is not None:
+        caches = [v.spec.cache for v in variants]
+        parts = [c for cache in caches for c in (cache.layer, cache.sliding, cache.store,
+                                                  cache.session) if c is not None]
+        _warn(console, bound_warnings(import_paths(parts)))
     return variants
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:
-    variants = _variants(args.paths, args.variant)
+    variants = _variants(args.paths, args.variant, console)
     if args.shard:
         variants = shard(variants, *args.shard)
         console.print(f"shard {args.shard[0]}/{args.shard[1]}: {len(variants)} variant(s)",
@@ -173,7 +185,7 @@ def _suite_summaries(args: argparse.Namespace, console: Console) -> list[Summary
         if not summaries:
             raise CompareError(f"{args.source}: no summaries found")
         return summaries
-    variants, reports = _variants(args.paths or ["scenarios"]), Path(args.reports)
+    variants, reports = _variants(args.paths or ["scenarios"], console=console), Path(args.reports)
     if runs > 1:
         results = run_repeated(variants, runs, reports, console, args.jobs)
         _warn(console, noise.warnings(results))
@@ -225,7 +237,7 @@ def _baseline_check(args: argparse.Namespace, console: Console) -> int:
 def _noise(args: argparse.Namespace, console: Console) -> int:
     """Exit 2 when a run did not complete, 1 when exact metrics differed or an expectation
     failed in some run, else 0."""
-    summaries = run_repeated(_variants(args.paths, args.variant), args.runs, Path(args.out),
+    summaries = run_repeated(_variants(args.paths, args.variant, console), args.runs, Path(args.out),
                              console, args.jobs)
     console.print(noise.table(summaries))
     found = noise.warnings(summaries)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import multiprocessing as mp
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +88,23 @@ def resolve(name: str) -> Callable[..., Any]:
     return factory
 
 
+def is_import_path(name: str) -> bool:
+    """Whether a component name is user code by import path rather than a registry name."""
+    return name not in REGISTRY and ":" in name
+
+
+def import_paths(components: Iterable[Any]) -> list[str]:
+    """The import paths among scenario components (objects with `component` and `options`),
+    with the store that `adapt.remaining` wraps, each once, in order."""
+    names: dict[str, None] = {}
+    for spec in components:
+        wrapped = spec.options.get("store") if spec.component == "adapt.remaining" else None
+        for name in (spec.component, wrapped):
+            if isinstance(name, str) and is_import_path(name):
+                names[name] = None
+    return list(names)
+
+
 @dataclass(frozen=True)
 class Binding:
     """One component of a scenario to check: where it is named, what, and its first argument."""
@@ -127,7 +144,7 @@ def check(bindings: list[Binding]) -> list[str]:
     that may exit, crash or hang at import, so they are imported in a spawned child, all of a
     scenario's at once, and a child that ends without answering is itself the error.
     """
-    user = [b for b in bindings if b.name not in REGISTRY and ":" in b.name]
+    user = [b for b in bindings if is_import_path(b.name)]
     problems = [p for b in bindings if b not in user if (p := _bind(b))]
     if not user:
         return problems

@@ -1,0 +1,90 @@
+"""Version bounds a component's package declares on mlx and mlx-lm: warned about once, never fatal."""
+
+from __future__ import annotations
+
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.cli import main
+from harness.requirements import bound_warnings
+
+STORE = '''
+from harness.protocols import StoreBase
+
+
+class Store(StoreBase):
+    """Keeps nothing."""
+
+    def store(self, tokens, caches):
+        pass
+
+    @property
+    def nbytes(self):
+        return 0
+'''
+
+REQUIRES = [
+    "mlx-lm<0.1",                                   # violated: the one warning
+    "mlx>=0.1",                                     # met
+    'mlx-lm<0.2; sys_platform == "no-such-os"',     # another platform's bound
+    'mlx<0.1; extra == "old"',                      # only with an extra
+    "numpy<1",                                      # not a package kvmem watches
+]
+
+
+def _install(site: Path, name: str, requires: list[str]) -> None:
+    """A package `name` as pip would leave it: the code and its dist-info metadata."""
+    (site / name).mkdir(parents=True)
+    (site / name / "__init__.py").write_text("")
+    (site / name / "store.py").write_text(STORE)
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir()
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", "Version: 1.0",
+             *(f"Requires-Dist: {r}" for r in requires)]
+    (info / "METADATA").write_text("\n".join(lines) + "\n")
+    (info / "top_level.txt").write_text(f"{name}\n")
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    _install(site, "oldstore", REQUIRES)
+    _install(site, "newstore", ["mlx-lm>=0.30", "mlx>=0.30"])
+    (site / "loose").mkdir()                        # a folder of code, no package metadata
+    (site / "loose" / "store.py").write_text(STORE)
+    monkeypatch.syspath_prepend(str(site))
+    return site
+
+
+def test_a_violated_bound_is_one_line_naming_component_bound_and_installed(site):
+    installed = metadata.version("mlx-lm")
+    assert bound_warnings(["oldstore.store:Store"]) == [
+        f"oldstore.store:Store comes from oldstore 1.0, which requires mlx-lm<0.1; "
+        f"installed is {installed} (the run goes on)"]
+
+
+def test_met_bounds_and_code_without_metadata_warn_nothing(site):
+    assert bound_warnings(["newstore.store:Store", "loose.store:Store"]) == []
+
+
+def test_each_package_bound_is_warned_once(site):
+    assert len(bound_warnings(["oldstore.store:Store", "oldstore.store:Other",
+                               "oldstore:Store"])) == 1
+
+
+def test_run_warns_once_and_still_runs(site, tmp_path, capsys):
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "old", "model": {"dtype": "float16", "vocab": 1024, "layers": [
+            {"count": 1, "kind": "full", "kv_heads": 1, "head_dim": 64}]},
+        "cache": {"store": {"component": "oldstore.store:Store"}},
+        "workload": {"prefill_chunk": 64, "requests": [{"prompt": 64, "decode": 2}]},
+        "variants": {"a": {}, "b": {"workload": {"prefill_chunk": 32}}}}))
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 0
+    captured = capsys.readouterr()
+    output = captured.out + captured.err
+    assert output.count("requires mlx-lm<0.1") == 1, output
+    assert (tmp_path / "out" / "old" / "b" / "summary.json").exists()
