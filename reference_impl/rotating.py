@@ -5,23 +5,34 @@ prefill chunk of S tokens as a `max_size + S - 1` slot buffer until the next dec
 it: active memory steps up and down and every resize briefly holds two buffers. These caches
 allocate `max_size` slots on the first update and only ever write into them.
 
-Layout: the first `keep` slots hold the first `keep` tokens for good; every later token `t` goes
-to slot `keep + (t - keep) % (max_size - keep)`, so the next slot to overwrite always holds the
-oldest token. What `update_and_fetch` returns equals mlx-lm's output up to slot order: a prefill
-chunk gets the last `max_size - 1` tokens (plus the kept ones) before it in time order, then the
-chunk; a decode step gets the whole window in slot order.
+They are drop-ins for mlx-lm's classes (docs/reference_caches.md): same constructor, same
+`update_and_fetch` results in the same slot order, same `make_mask`, `state`, trimming and batch
+protocol. To get there they keep mlx-lm's bookkeeping (`_idx`, the write index of mlx-lm's
+buffer, and in the batch cache `_offset`, `left_padding` and `rotated`) and hold the slots that
+mlx-lm's buffer would hold after its next trim:
+- after a prefill chunk, the window in time order from slot 0: the first `keep` tokens, then the
+  newest `max_size - keep` (mlx-lm holds a longer buffer there, `_idx >= max_size`, whose last
+  slots these are);
+- a decode step writes one slot, `_idx`, or `keep` once the buffer is full, as mlx-lm does.
+A prefill chunk attends to the kept tokens and the last `max_size - 1 - keep` others in time
+order, then the chunk; a decode step to the buffer in slot order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import _BaseCache
+from mlx_lm.models.base import create_causal_mask
+from mlx_lm.models.cache import QuantizedKVCache, _BaseCache
 
 from harness.geometry import LayerSpec
 from harness.protocols import with_estimate
+
+
+def _pieces(slots: list[tuple[int, int]], v: mx.array) -> list[mx.array]:
+    return [v[..., lo:hi, :] for lo, hi in slots if hi > lo]
 
 
 class PreallocatedRotatingKVCache(_BaseCache):
@@ -32,116 +43,409 @@ class PreallocatedRotatingKVCache(_BaseCache):
             raise ValueError(f"keep must be in [0, max_size), got keep={keep}, max_size={max_size}")
         self.max_size = max_size
         self.keep = keep
-        self.keys: mx.array | None = None
-        self.values: mx.array | None = None
-        self.offset: int | mx.array = 0  # an array of per-row counts in the batch variant
-        self._seen = 0  # tokens written so far, padding included
+        self._keys: mx.array | None = None  # the buffers, `max_size` slots from the first update
+        self._values: mx.array | None = None
+        self.offset: Any = 0  # an int here, a (batch,) array of real tokens in the batch cache
+        self._idx = 0  # mlx-lm's write index: past max_size after a prefill chunk longer than it
 
-    def _slot(self, t: int) -> int:
-        if t < self.keep:
-            return t
-        return self.keep + (t - self.keep) % (self.max_size - self.keep)
+    # What the two classes count differently.
 
-    def _runs(self, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
-        """(slot, token, count) runs holding tokens [start, stop): all kept or all in the ring,
-        at most one ring's worth, so a run wraps at most once. No run covers the whole buffer:
-        MLX makes such an update the update itself, a view that would pin the chunk's larger
-        buffer, where a partial one writes in place."""
-        slot, n = self._slot(start), stop - start
-        head = min(n, self.max_size - slot, max(1, self.max_size - 1))
-        yield slot, start, head
-        if n > head:
-            yield self._slot(start + head), start + head, n - head
+    def _total(self) -> int:
+        """Tokens written, padding included."""
+        return int(self.offset)
 
-    def _spans(self, start: int, stop: int, ring: int) -> list[tuple[int, int]]:
-        """The kept tokens of [start, stop) and its last `ring` unkept ones, as token ranges."""
-        kept = (start, min(self.keep, stop))
-        recent = (max(start, self.keep, stop - ring), stop)
-        return [(lo, hi) for lo, hi in (kept, recent) if hi > lo]
+    def _set_total(self, n: int) -> None:
+        self.offset = n
 
-    def _write(self, keys: mx.array, values: mx.array) -> None:
-        """Write a chunk in place; tokens the chunk itself pushes out of the window are skipped."""
-        buffer_keys, buffer_values = self._buffers()
-        start, stop = self._seen, self._seen + keys.shape[2]
-        for lo, hi in self._spans(start, stop, self.max_size - self.keep):
-            for slot, t, count in self._runs(lo, hi):
-                src = slice(t - start, t - start + count)
-                buffer_keys[..., slot : slot + count, :] = keys[..., src, :]
-                buffer_values[..., slot : slot + count, :] = values[..., src, :]
+    def _wrapped(self) -> bool:
+        """Whether decode steps have overwritten slots, so slot order is not time order."""
+        return self._idx < self._total()
+
+    # Layout.
+
+    def _kept_slots(self) -> tuple[int, int]:
+        """Slots of the first `keep` tokens, which are never overwritten."""
+        return 0, min(self.keep, self._idx, self.max_size)
+
+    def _ring_slots(self) -> list[tuple[int, int]]:
+        """Slot ranges holding the other tokens, oldest first."""
+        if self._idx >= self.max_size:
+            return [(self.keep, self.max_size)]
+        if self._wrapped():
+            return [(self._idx, self.max_size), (self.keep, self._idx)]
+        return [(self.keep, self._idx)]
+
+    def _time_order(self, v: mx.array) -> mx.array:
+        """The tokens held, oldest first (mlx-lm's `_temporal_order`, trimmed to the window)."""
+        pieces = _pieces([self._kept_slots(), *self._ring_slots()], v)
+        return pieces[0] if len(pieces) == 1 else mx.concatenate(pieces, axis=2)
+
+    def _history(self, v: mx.array) -> list[mx.array]:
+        """What a prefill chunk sees before itself, as mlx-lm trims it: the kept tokens and the
+        last `max_size - 1 - keep` others, oldest first."""
+        room = self.max_size - 1 - self.keep
+        last: list[tuple[int, int]] = []
+        for lo, hi in reversed(self._ring_slots()):
+            take = min(room, max(hi - lo, 0))
+            room -= take
+            last.insert(0, (hi - take, hi))
+        return _pieces([self._kept_slots(), *last], v)
+
+    # Writes.
+
+    def _allocate(self, keys: mx.array, values: mx.array) -> None:
+        B, H, _, Dk = keys.shape
+        self._keys = mx.zeros((B, H, self.max_size, Dk), keys.dtype)
+        self._values = mx.zeros((B, H, self.max_size, values.shape[3]), values.dtype)
+
+    def _fill(self, keys: mx.array, values: mx.array) -> None:
+        """New buffers holding `keys`/`values` from slot 0."""
+        self._allocate(keys, values)
+        self._write(0, keys, values)
 
     def _buffers(self) -> tuple[mx.array, mx.array]:
         """The key and value buffers, which exist from the first update on."""
-        assert self.keys is not None and self.values is not None, "no update yet"
-        return self.keys, self.values
+        assert self._keys is not None and self._values is not None, "no update yet"
+        return self._keys, self._values
 
-    def _with_history(self, v: mx.array, new: mx.array) -> mx.array:
-        """What a prefill chunk attends to: as in mlx-lm, the kept tokens and the last
-        `max_size - 1 - keep` others before it, in time order, then the chunk."""
-        spans = self._spans(0, self._seen, self.max_size - 1 - self.keep)
-        pieces = [v[..., s : s + n, :] for lo, hi in spans for s, _, n in self._runs(lo, hi)]
-        return mx.concatenate([*pieces, new], axis=2)
+    def _write(self, slot: int, keys: mx.array, values: mx.array) -> None:
+        """Write tokens to consecutive slots from `slot`, in place. A write covering the whole
+        buffer goes in two parts: MLX makes such an update the update itself, a view that would
+        pin the (larger) array it was cut from, where a partial one writes in place."""
+        buffer_keys, buffer_values = self._buffers()
+        n = keys.shape[2]
+        parts = [(0, n - 1), (n - 1, n)] if n == self.max_size else [(0, n)]
+        for lo, hi in parts:
+            buffer_keys[..., slot + lo : slot + hi, :] = keys[..., lo:hi, :]
+            buffer_values[..., slot + lo : slot + hi, :] = values[..., lo:hi, :]
+
+    def _store_window(self, keys: mx.array, values: mx.array) -> None:
+        """After a prefill chunk, `keys`/`values` being what it attended to, oldest first: the
+        kept tokens go to slots [0, keep), the newest others from slot `keep` on."""
+        length = keys.shape[2]
+        kept = min(self.keep, length)
+        if kept:
+            self._write(0, keys[..., :kept, :], values[..., :kept, :])
+        ring = min(length, self.max_size) - kept
+        if ring:
+            self._write(kept, keys[..., length - ring :, :], values[..., length - ring :, :])
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        if self.keys is None:
-            B, H, _, Dk = keys.shape
-            self.keys = mx.zeros((B, H, self.max_size, Dk), keys.dtype)
-            self.values = mx.zeros((B, H, self.max_size, values.shape[3]), values.dtype)
+        if self._keys is None:
+            self._allocate(keys, values)
+        if keys.shape[2] == 1:
+            return self._decode(keys, values)
+        return self._prefill(keys, values)
+
+    def _decode(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        if self._idx >= self.max_size:
+            self._idx = self.keep
+        self._write(self._idx, keys, values)
+        self._idx += 1
+        self._set_total(self._total() + 1)
+        return self.keys_and_values()
+
+    def _prefill(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         buffer_keys, buffer_values = self._buffers()
-        S = keys.shape[2]
-        out = (keys, values)
-        if S > 1 and self._seen > 0:
-            out = (self._with_history(buffer_keys, keys), self._with_history(buffer_values, values))
-            # Materialise it before writing so the buffer has no other reader and the writes
-            # below reuse it rather than copy it.
-            mx.eval(out)
-        self._write(keys, values)
-        self._seen += S
-        self.offset = self.offset + S
-        if S > 1:
-            # The caller evaluates only what is returned, which need not read the buffer.
-            mx.eval(buffer_keys, buffer_values)
-            return out
-        held = min(self._seen, self.max_size)
-        if held < self.max_size:
-            return buffer_keys[..., :held, :], buffer_values[..., :held, :]
-        return buffer_keys, buffer_values
+        out_keys, out_values = keys, values  # the first chunk sees only itself, as in mlx-lm
+        if self._total() > 0:
+            out_keys = mx.concatenate([*self._history(buffer_keys), keys], axis=2)
+            out_values = mx.concatenate([*self._history(buffer_values), values], axis=2)
+        self._set_total(self._total() + keys.shape[2])
+        self._idx = out_keys.shape[2]
+        # Written from what is returned, so MLX computes that before overwriting the slots it
+        # read. Read and writes being one graph, MLX copies the buffer once for the writes
+        # (tests/test_rotating.py measures it); an mx.eval in between would break mx.compile.
+        self._store_window(out_keys, out_values)
+        return self._returned(out_keys, out_values)
+
+    def _returned(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """What a prefill returns, made to depend on the buffer writes so that evaluating it
+        does them (no `mx.eval` here: it would break `mx.compile`)."""
+        out = mx.depends([keys, values], [*self._buffers()])
+        return out[0], out[1]
+
+    # mlx-lm's protocol.
+
+    @property
+    def keys(self) -> mx.array | None:
+        """The key slots holding tokens, as mlx-lm's attribute: the whole buffer once the
+        window is full, the first `size()` slots before (the rest is allocated, unused)."""
+        return self._held(self._keys)
+
+    @property
+    def values(self) -> mx.array | None:
+        return self._held(self._values)
+
+    def _held(self, v: mx.array | None) -> mx.array | None:
+        held = self.size()
+        return v if v is None or held >= self.max_size else v[..., :held, :]
+
+    def keys_and_values(self) -> tuple[mx.array, mx.array]:
+        keys, values = self.keys, self.values
+        assert keys is not None and values is not None, "no update yet"
+        return keys, values
+
+    def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False) -> Any:
+        """As mlx-lm's: a prefill chunk's columns are its history then itself, consecutive; a
+        decode step's are the slots, in which the query's window is rolled to the write index."""
+        total = self._total()
+        if N > 1:
+            window = window_size or self.max_size
+            offset = min(self.max_size - 1, total)
+            if return_array or offset + N > window:
+                return create_causal_mask(N, offset, window_size=window)
+            return "causal"
+        if window_size is None or total < window_size or self.max_size <= window_size:
+            return None
+        width = min(total + 1, self.max_size)
+        mask = mx.arange(width) >= width - window_size
+        return mx.roll(mask, (self._idx if self._idx < self.max_size else 0) + 1)
 
     def size(self) -> int:
-        return min(self._seen, self.max_size)
+        return min(self._total(), self.max_size)
 
     def empty(self) -> bool:
-        return self.keys is None
+        return self._keys is None
+
+    @property
+    def step(self) -> int:
+        """Slots one allocation adds: the whole window, once."""
+        return self.max_size
 
     @property
     def state(self) -> tuple[Any, ...]:
-        """As mlx-lm's RotatingKVCache: the buffers, then the counters and the window."""
-        return self.keys, self.values, self.offset, self.keep, self.max_size, self._seen
+        """As mlx-lm's RotatingKVCache: the buffers, the offset, `keep`, the window, `_idx`."""
+        return self._keys, self._values, self.offset, self.keep, self.max_size, self._idx
 
     @state.setter
     def state(self, v: tuple[Any, ...]) -> None:
-        self.keys, self.values, self.offset, self.keep, self.max_size, self._seen = v
+        self._keys, self._values, self.offset, self.keep, self.max_size, self._idx = v
+
+    def is_trimmable(self) -> bool:
+        return self._total() < self.max_size
+
+    def trim(self, n: int) -> int:
+        """Drop the newest `n` tokens; only meaningful before the window fills (`is_trimmable`),
+        where token t sits in slot t."""
+        n = min(self._total(), n)
+        self._set_total(self._total() - n)
+        self._idx -= n
+        return n
+
+    def to_quantized(self, group_size: int = 64, bits: int = 4) -> QuantizedKVCache:
+        raise NotImplementedError("a rotating cache cannot be quantized (nor can mlx-lm's)")
+
+    @classmethod
+    def merge(cls, caches: Sequence[PreallocatedRotatingKVCache]) -> PreallocatedBatchRotatingKVCache:
+        return PreallocatedBatchRotatingKVCache.merge(caches)
+
+    def _aligned(
+        self, length: int, rows: int, like: PreallocatedRotatingKVCache
+    ) -> tuple[mx.array, mx.array]:
+        """The tokens held, oldest first, right-aligned in `length` slots (zeros in front, the
+        oldest dropped); all zeros, shaped as `like`'s, for a cache with none yet."""
+        if self._keys is None or self._values is None:
+            keys, values = like._buffers()
+            return (mx.zeros((rows, keys.shape[1], length, keys.shape[3]), keys.dtype),
+                    mx.zeros((rows, values.shape[1], length, values.shape[3]), values.dtype))
+        aligned = []
+        for v in (self._time_order(self._keys), self._time_order(self._values)):
+            v = v[..., max(v.shape[2] - length, 0) :, :]
+            aligned.append(mx.pad(v, [(0, 0), (0, 0), (length - v.shape[2], 0), (0, 0)]))
+        return aligned[0], aligned[1]
 
     @property
     def nbytes(self) -> int:
-        if self.keys is None or self.values is None:
+        if self._keys is None or self._values is None:
             return 0
-        return self.keys.nbytes + self.values.nbytes
+        return self._keys.nbytes + self._values.nbytes
 
 
 class PreallocatedBatchRotatingKVCache(PreallocatedRotatingKVCache):
-    """Batch variant: rows are left-padded as in mlx-lm's `BatchRotatingKVCache`, so `offset`
-    is an array of each row's real token count; padding slots rotate out like any token."""
+    """Batch variant, as mlx-lm's `BatchRotatingKVCache`: rows are left-padded, `offset` holds
+    each row's real token count and `left_padding` the padding slots at the front of mlx-lm's
+    buffer; padding slots rotate out like any token."""
 
     def __init__(self, max_size: int, left_padding: list[int]):
         super().__init__(max_size)
+        self.left_padding = mx.array(left_padding)
         self.offset = mx.array([-pad for pad in left_padding])
+        self._offset = 0  # tokens written per row, padding included
+        self.rotated = False
+        self._lengths: mx.array | None = None  # where right padding starts, until `finalize`
 
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        out = super().update_and_fetch(keys, values)
-        offset = self.offset
-        assert isinstance(offset, mx.array), "a batch cache counts tokens per row"
-        # Evaluating the output evaluates the offsets too, so no lazy chain of them builds up.
-        return tuple(mx.depends(list(out), [offset]))
+    def _total(self) -> int:
+        return self._offset
+
+    def _set_total(self, n: int) -> None:
+        self.offset = self.offset + (n - self._offset)
+        self._offset = n
+
+    def _wrapped(self) -> bool:
+        return self.rotated
+
+    def _decode(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        if self._lengths is not None:
+            raise RuntimeError("finalize() must be called before decoding")
+        if self._idx > self.max_size:  # mlx-lm trims its longer buffer to the window here
+            self.left_padding = self.left_padding - (self._idx - self.max_size)
+            self._idx = self.max_size
+        if self._idx == self.max_size:
+            self.rotated = True
+        if self.rotated:
+            self.left_padding = self.left_padding - 1
+        out = super()._decode(keys, values)
+        return self._with_counts(out)
+
+    def _prefill(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        if self._keys is not None and self._offset > 0:
+            if self._lengths is not None:  # the last chunk's right padding moves to the front
+                moved = mx.maximum(0, self.offset - self._lengths)
+                self.left_padding = self.left_padding + moved
+                self.offset = self.offset - moved
+            # mlx-lm puts its buffer in time order, then trims it to `max_size - 1` slots.
+            trimmed = (self.max_size if self.rotated else self._idx) - self.max_size + 1
+            if trimmed > 0:
+                self.left_padding = self.left_padding - trimmed
+        out = super()._prefill(keys, values)
+        self.rotated = False
+        return self._with_counts(out)
+
+    def _store_window(self, keys: mx.array, values: mx.array) -> None:
+        """As the single cache, but a row whose prompt ended in right padding holds its window
+        with that padding rolled to the front, as mlx-lm's buffer holds it after `finalize`."""
+        if self._lengths is None:
+            super()._store_window(keys, values)
+            return
+        length = keys.shape[2]
+        held = min(length, self.max_size)
+        pad = mx.maximum(0, self.offset - self._lengths)[:, None, None, None]
+        source = (mx.arange(length - held, length)[None, None, :, None] - pad) % length
+        super()._store_window(
+            mx.take_along_axis(keys, source, axis=2), mx.take_along_axis(values, source, axis=2))
+
+    def _with_counts(self, out: tuple[mx.array, mx.array]) -> tuple[mx.array, mx.array]:
+        """Evaluating the output evaluates the row counts too, so no lazy chain of them builds."""
+        keys, values = mx.depends([*out], [self.left_padding, self.offset])
+        return keys, values
+
+    def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False) -> Any:
+        """As mlx-lm's: the causal window over history and chunk (or the slots, rolled to the
+        write index, for one token), less each row's padding."""
+        offset = min(self.max_size - 1, self._offset)
+        mask = create_causal_mask(N, offset, window_size=window_size or self.max_size)
+        padding = self.left_padding
+        trimmed = self._idx - self.max_size + int(N > 1)
+        if trimmed > 0:
+            padding = padding - trimmed
+        rolled = N == 1 and (self.rotated or self._idx >= self.max_size)
+        if rolled:
+            padding = padding - 1
+        mask = mask & (mx.arange(offset + N) >= mx.expand_dims(padding, (1, 2, 3)))
+        if rolled:
+            mask = mx.roll(mask, (self._idx if self._idx < self.max_size else 0) + 1, -1)
+        return mask
+
+    @property
+    def state(self) -> tuple[Any, ...]:
+        """As mlx-lm's BatchRotatingKVCache."""
+        return (self._keys, self._values, self.offset, self.left_padding, self.max_size,
+                self._offset, self._idx, self.rotated)
+
+    @state.setter
+    def state(self, v: tuple[Any, ...]) -> None:
+        (self._keys, self._values, self.offset, self.left_padding, self.max_size,
+         self._offset, self._idx, self.rotated) = v
+        self.keep, self._lengths = 0, None
+
+    def prepare(self, *, left_padding: list[int] | None = None, lengths: list[int] | None = None,
+                right_padding: list[int] | None = None) -> None:
+        """Before a prompt: more left padding (on an empty cache), or the rows' prompt lengths
+        when they are right-padded, so the padding does not push real tokens out."""
+        if left_padding is not None:
+            if self._keys is not None:
+                raise ValueError("left padding can only be added to an empty cache")
+            self.left_padding = self.left_padding + mx.array(left_padding)
+            self.offset = self.offset - mx.array(left_padding)
+        if right_padding is not None and max(right_padding) > 0:
+            assert lengths is not None, "right padding needs the rows' lengths"
+            self._lengths = mx.array(lengths) + self.offset
+
+    def finalize(self) -> None:
+        """After a right-padded prompt: its padding counts as left padding from now on (the
+        slots already hold it at the front, see `_store_window`)."""
+        if self._lengths is not None:
+            moved = mx.maximum(0, self.offset - self._lengths)
+            self.left_padding = self.left_padding + moved
+            self.offset = self.offset - moved
+            self._lengths = None
+
+    def is_trimmable(self) -> bool:
+        return self._offset < self.max_size
+
+    def filter(self, batch_indices: Any) -> None:
+        """Keep only the rows `batch_indices`, in place."""
+        if self._keys is not None and self._values is not None:
+            self._keys, self._values = self._keys[batch_indices], self._values[batch_indices]
+        self.offset = self.offset[batch_indices]
+        self.left_padding = self.left_padding[batch_indices]
+
+    def extend(self, other: PreallocatedBatchRotatingKVCache) -> None:
+        """Append `other`'s rows, in place. Where the two are laid out differently both windows
+        are put in time order and aligned on their newest token, as mlx-lm does."""
+        if self._keys is None and other._keys is None:
+            self.left_padding = mx.concatenate([self.left_padding, other.left_padding])
+            self.offset = mx.concatenate([self.offset, other.offset])
+            return
+        if self._keys is not None and (self.rotated, self._idx) == (other.rotated, other._idx):
+            (keys, values), padding = zip(self._buffers(), other._buffers(), strict=True), [0, 0]
+        else:
+            # mlx-lm's buffer length, in time order; a rotated one holds exactly the window.
+            ends = [self.max_size if c.rotated else c._idx for c in (self, other)]
+            newest = max(ends)
+            like = self if self._keys is not None else other
+            parts = [c._aligned(min(newest, self.max_size), c.offset.shape[0], like)
+                     for c in (self, other)]
+            keys, values = zip(*parts, strict=True)
+            padding = [newest - end for end in ends]
+            self._idx, self.rotated = newest, False
+        self._fill(mx.concatenate(list(keys)), mx.concatenate(list(values)))
+        self.left_padding = mx.concatenate(
+            [c.left_padding + pad for c, pad in zip((self, other), padding, strict=True)])
+        self.offset = mx.concatenate([self.offset, other.offset])
+        self._offset = max(self._offset, other._offset)
+
+    def extract(self, idx: int) -> PreallocatedRotatingKVCache:
+        """Row `idx` as a single-sequence cache holding its real tokens."""
+        mx.eval(self.left_padding, self.offset)
+        cache = PreallocatedRotatingKVCache(self.max_size)
+        cache.offset = int(self.offset[idx])
+        if self._keys is None:
+            return cache
+        end = self.max_size if self.rotated else self._idx  # mlx-lm's buffer, in time order
+        start = max(0, int(self.left_padding[idx]))
+        keys, values = self._aligned(min(end - start, self.max_size), 1, self)
+        cache._fill(keys[idx : idx + 1], values[idx : idx + 1])
+        cache._idx = end - start
+        return cache
+
+    @classmethod
+    def merge(cls, caches: Sequence[PreallocatedRotatingKVCache]) -> PreallocatedBatchRotatingKVCache:
+        """One batch cache of single-sequence ones (same window), left-padded to the longest."""
+        if any(c.max_size != caches[0].max_size for c in caches):
+            raise ValueError("only caches with the same max_size can be merged")
+        lengths = [c.size() for c in caches]
+        longest = max(lengths)
+        cache = cls(caches[0].max_size, [longest - n for n in lengths])
+        if longest == 0:
+            return cache
+        like = next(c for c in caches if c._keys is not None)
+        keys, values = zip(*(c._aligned(longest, 1, like) for c in caches), strict=True)
+        cache._fill(mx.concatenate(list(keys)), mx.concatenate(list(values)))
+        cache.offset = mx.array([c.offset for c in caches])
+        cache._idx = cache._offset = longest
+        return cache
 
 
 def _window(spec: LayerSpec, max_size: int | None) -> int:
@@ -168,4 +472,3 @@ def batch_rotating(
 ) -> PreallocatedBatchRotatingKVCache:
     """Factory for `reference.batch_rotating`: rows unpadded unless `left_padding` says."""
     return PreallocatedBatchRotatingKVCache(_window(spec, max_size), left_padding or [0] * spec.batch)
-

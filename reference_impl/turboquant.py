@@ -8,6 +8,11 @@ into uint32 words (bit planes of 32 coordinates), so a vector of D coordinates c
 D*b/8 bytes plus a 2-byte scale: about b/16 of fp16.
 
 Prefill chunks are kept in fp16 and quantized lazily when decoding starts (one token per update).
+As a drop-in for mlx-lm's caches (docs/reference_caches.md), `update_and_fetch` returns what an
+unmodified model attends over: every token's keys and values in the input dtype, the codes
+dequantized (a transient copy, 16/b times the codes, each step) and the pending tokens as they
+are. The width is kept as `code_bits`, not `bits`: mlx-lm's attention takes a cache with a `bits`
+attribute for its own affine-quantized one and would hand the result to `mx.quantized_matmul`.
 `on_restore` is the seed's bug switch for rebuilding a cache from its state (`from_state`, which
 a store's hit and mlx-lm's `load_prompt_cache` call): `dequantize` (before) expands it into a full
 fp16 `KVCache`, 16/b times the codes, and the quantized and fp16 copies coexist while it does;
@@ -21,7 +26,7 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import KVCache, _BaseCache
+from mlx_lm.models.cache import KVCache, _BaseCache, create_attention_mask
 
 BITS = (2, 3, 4, 8)
 ON_RESTORE = ("dequantize", "keep")
@@ -102,7 +107,7 @@ class TurboQuantKVCache(_BaseCache):
         if head_dim < _WORD or head_dim & (head_dim - 1):
             raise ValueError(f"head_dim must be a power of two, at least {_WORD}, got {head_dim}")
         self.head_dim = head_dim
-        self.bits = bits
+        self.code_bits = bits
         self.on_restore = on_restore
         self.seed = seed
         signs(head_dim, seed)  # drawn once per (head_dim, seed) and shared, before any step
@@ -111,24 +116,40 @@ class TurboQuantKVCache(_BaseCache):
         self.pending = KVCache()
         self.offset = 0
 
-    def update_and_fetch(self, keys: mx.array, values: mx.array):
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Prefill chunks wait in fp16; a single token first quantizes them, then itself.
-
-        Returns what the cache holds, unexpanded, as mlx-lm's QuantizedKVCache does: the codes
-        and scales (sliced to the tokens held) and the fp16 keys/values still pending.
-        """
+        Returns every token's keys and values, as mlx-lm's KVCache does (`keys_and_values`)."""
         self.offset += keys.shape[2]
         if keys.shape[2] > 1:
             self.pending.update_and_fetch(keys, values)
         else:
             self._flush()
             self._append(keys, values)
-        return self._held()
+        return self.keys_and_values()
 
-    def _held(self):
-        codes = [a[..., : self.quantized, :] for a in self.packed] if self.packed else []
-        pending = list(self.pending.keys_and_values()) if self.pending.offset else []
-        return tuple(codes), tuple(pending)
+    def keys_and_values(self) -> tuple[mx.array, mx.array]:
+        """Keys and values of every token, oldest first: the codes dequantized, then the
+        tokens still pending in fp16."""
+        held = []
+        if self.quantized:
+            held.append(self._dequantized([p[..., : self.quantized, :] for p in self._packed()]))
+        if self.pending.offset:
+            held.append(self.pending.keys_and_values())
+        if len(held) == 1:
+            return held[0]
+        keys, values = (mx.concatenate(list(parts), axis=2) for parts in zip(*held, strict=True))
+        return keys, values
+
+    def _packed(self) -> list[mx.array]:
+        assert self.packed is not None, "no codes yet"
+        return self.packed
+
+    def _dequantized(self, parts: list[mx.array]) -> tuple[mx.array, mx.array]:
+        """Keys and values from codes and scales (key codes, key scales, value codes, value
+        scales)."""
+        kc, ks, vc, vs = parts
+        return (dequantize(kc, ks, self.code_bits, self.head_dim, self.seed),
+                dequantize(vc, vs, self.code_bits, self.head_dim, self.seed))
 
     def _flush(self) -> None:
         """Quantize the fp16 tokens kept since the last decode step (lazy quantization)."""
@@ -137,7 +158,7 @@ class TurboQuantKVCache(_BaseCache):
             self.pending = KVCache()
 
     def _append(self, keys: mx.array, values: mx.array) -> None:
-        parts = [*quantize(keys, self.bits, self.seed), *quantize(values, self.bits, self.seed)]
+        parts = [*quantize(keys, self.code_bits, self.seed), *quantize(values, self.code_bits, self.seed)]
         start, end = self.quantized, self.quantized + keys.shape[2]
         if self.packed is None or end > self.packed[0].shape[2]:
             slots = -(-(end - (self.packed[0].shape[2] if self.packed else 0)) // self.step)
@@ -158,8 +179,8 @@ class TurboQuantKVCache(_BaseCache):
             return parts
         k, v = self.pending.keys_and_values()
         lo, hi = max(start - self.quantized, 0), end - self.quantized
-        fresh = [*quantize(k[..., lo:hi, :], self.bits, self.seed),
-                 *quantize(v[..., lo:hi, :], self.bits, self.seed)]
+        fresh = [*quantize(k[..., lo:hi, :], self.code_bits, self.seed),
+                 *quantize(v[..., lo:hi, :], self.code_bits, self.seed)]
         if start >= self.quantized:
             return fresh
         return [mx.concatenate([p, f], axis=2) for p, f in zip(parts, fresh, strict=True)]
@@ -176,15 +197,13 @@ class TurboQuantKVCache(_BaseCache):
 
     def expanded(self) -> KVCache:
         """An fp16 `KVCache` holding every token, dequantized (16/b times the codes)."""
-        kc, ks, vc, vs = self._parts(0, self.offset)
         full = KVCache()
-        keys = dequantize(kc, ks, self.bits, self.head_dim, self.seed)
-        values = dequantize(vc, vs, self.bits, self.head_dim, self.seed)
+        keys, values = self._dequantized(self._parts(0, self.offset))
         full.state = (keys, values, keys.shape[2])
         return full
 
     def _state(self, parts: list[mx.array], offset: int) -> tuple[Any, ...]:
-        return (*parts, offset, self.head_dim, self.bits, self.on_restore, self.seed)
+        return (*parts, offset, self.head_dim, self.code_bits, self.on_restore, self.seed)
 
     def state_range(self, start: int, end: int) -> tuple[Any, ...]:
         """The state of tokens [start, end) alone (see `harness.protocols.state_range`): a
@@ -199,7 +218,7 @@ class TurboQuantKVCache(_BaseCache):
 
     @state.setter
     def state(self, v: tuple[Any, ...]) -> None:
-        *parts, offset, self.head_dim, self.bits, self.on_restore, self.seed = v
+        *parts, offset, self.head_dim, self.code_bits, self.on_restore, self.seed = v
         signs(self.head_dim, self.seed)  # drawn here too, so no step of a restored cache draws it
         self.packed, self.quantized, self.offset = list(parts) or None, offset, offset
         self.pending = KVCache()
@@ -219,6 +238,23 @@ class TurboQuantKVCache(_BaseCache):
 
     def empty(self) -> bool:
         return self.offset == 0
+
+    def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False) -> Any:
+        """As mlx-lm's KVCache: every token held is in time order, so a causal mask from the
+        offset."""
+        return create_attention_mask(N, self.offset, return_array, window_size)
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int) -> int:
+        """Drop the newest `n` tokens (pending ones first, then codes), as mlx-lm's
+        QuantizedKVCache does: the slots stay allocated and are written over next."""
+        n = min(self.offset, n)
+        pending = self.pending.trim(n)
+        self.quantized -= n - pending
+        self.offset -= n
+        return n
 
 
 def turboquant(spec, bits: int = 4, on_restore: str = "dequantize", seed: int = 0) -> TurboQuantKVCache:

@@ -146,23 +146,20 @@ def forbidden(*args, **kwargs):
     raise AssertionError("mx.eval inside update_and_fetch")
 
 
-@pytest.mark.parametrize("make,batch,prefill_too", [
-    (lambda: TurboQuantKVCache(D), 1, True),
-    (lambda: RecurrentState(GEOMETRY.layers[1]), 1, True),
-    # A rotating cache evaluates a prefill chunk's history before writing over it: left lazy,
-    # the writes would copy the whole window. Its decode steps evaluate nothing.
-    (lambda: PreallocatedRotatingKVCache(8), 1, False),
-    (lambda: PreallocatedBatchRotatingKVCache(8, [0, 1]), 2, False),
+@pytest.mark.parametrize("make,batch", [
+    (lambda: TurboQuantKVCache(D), 1),
+    (lambda: RecurrentState(GEOMETRY.layers[1]), 1),
+    (lambda: PreallocatedRotatingKVCache(8), 1),
+    (lambda: PreallocatedBatchRotatingKVCache(8, [0, 1]), 2),
 ])
-def test_updates_leave_evaluation_to_the_caller(make, batch, prefill_too, monkeypatch):
+def test_updates_leave_evaluation_to_the_caller(make, batch, monkeypatch):
     """No `mx.eval` inside `update_and_fetch`, which `mx.compile` could not trace."""
     cache = make()
     for n in [20, 1, 1, 5, 1] + [1] * 10:
         keys, values = kv(n, n, batch)
         mx.eval(keys, values)
         with monkeypatch.context() as patched:
-            if n == 1 or prefill_too:
-                patched.setattr(mx, "eval", forbidden)
+            patched.setattr(mx, "eval", forbidden)
             out = cache.update_and_fetch(keys, values)
         mx.eval(out)
 
@@ -172,7 +169,9 @@ def test_components_follow_their_protocols():
               TurboQuantKVCache(D), RecurrentState(GEOMETRY.layers[1])]
     for cache in caches:
         assert isinstance(cache, mlx_cache._BaseCache) and isinstance(cache, LayerCache)
-        assert not cache.is_trimmable()  # so mlx-lm's can_trim_prompt_cache says no
+    # mlx-lm's can_trim_prompt_cache asks is_trimmable: a window is trimmable until it wraps,
+    # TurboQuant always, a recurrent state never.
+    assert [c.is_trimmable() for c in caches] == [True, True, True, False]
     assert isinstance(mlx_cache.KVCache(), Trimmable)
     assert isinstance(TurboQuantKVCache(D), TokenRanged)
     paged = PagedSSDStore(GEOMETRY)

@@ -1,5 +1,6 @@
-"""TurboQuant cache: packing is exact, the error is bounded, bytes are the packed bytes, and
-dequantizing on restore costs exactly 16/b times the codes."""
+"""TurboQuant cache: packing is exact, the error is bounded, bytes are the packed bytes,
+dequantizing on restore costs exactly 16/b times the codes, and what `update_and_fetch` returns
+is what an unmodified mlx-lm model attends over."""
 
 from __future__ import annotations
 
@@ -123,6 +124,33 @@ def test_state_round_trips_the_codes():
     assert other.offset == 100 and other.nbytes == 2 * (code_bytes(100, 3) + scale_bytes(100))
     for a, b in zip(other.state[:4], parts[:4], strict=True):
         assert mx.array_equal(a, b)
+
+
+def test_updates_return_every_token_as_attention_reads_it():
+    """Pending tokens as given; once decoding starts, every earlier token dequantized from its
+    codes; then a new chunk as given after them. The input dtype throughout."""
+    cache = TurboQuantKVCache(D, bits=4)
+    first, token, chunk = kv(20), kv(1, seed=2), kv(6, seed=4)
+    keys, values = cache.update_and_fetch(*first)
+    assert mx.array_equal(keys, first[0]) and mx.array_equal(values, first[1])
+
+    def rounded(x: mx.array) -> mx.array:
+        return dequantize(*quantize(x, 4), 4, D)
+
+    seen = [mx.concatenate([a, b], axis=2) for a, b in zip(first, token, strict=True)]
+    keys, values = cache.update_and_fetch(*token)
+    assert keys.dtype == mx.float16 and keys.shape == (B, H, 21, D)
+    assert mx.array_equal(keys, rounded(seen[0])) and mx.array_equal(values, rounded(seen[1]))
+    keys, values = cache.update_and_fetch(*chunk)
+    assert mx.array_equal(keys, mx.concatenate([rounded(seen[0]), chunk[0]], axis=2))
+    assert mx.array_equal(values, mx.concatenate([rounded(seen[1]), chunk[1]], axis=2))
+
+
+def test_the_width_is_not_called_bits():
+    """mlx-lm's attention treats a cache with a `bits` attribute as its own affine-quantized
+    one (`mx.quantized_matmul` with its `group_size`), which TurboQuant's codes are not."""
+    cache = TurboQuantKVCache(D, bits=3)
+    assert cache.code_bits == 3 and not hasattr(cache, "bits")
 
 
 def test_rejects_unknown_settings():
