@@ -3,8 +3,9 @@
 It subclasses `StoreBase`, so it writes only what it does (`store`, `nbytes`, `close`) and
 inherits the rest of the store protocol (no hits, nothing held outside MLX). With `leak` it
 keeps layer 0's keys of every request and says so in `nbytes`: memory at rest grows by exactly
-those bytes per request, which `scenarios/import_path_leak.yaml` expects the leak detector to
-report. Run kvmem from the repository root so that `examples` is importable.
+those bytes per request, all reported, which `scenarios/import_path_leak.yaml` expects the
+`unbounded` detector to report past its budget (an honest store that never evicts is not a
+leak). Run kvmem from the repository root so that `examples` is importable.
 """
 
 from __future__ import annotations

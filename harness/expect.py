@@ -31,7 +31,7 @@ def metrics(frame: pd.DataFrame, findings: list[Finding], thresholds: DetectSpec
         "final": int(frame["active"].iloc[-1]) - base,
         "largest_spike": max(int(excess.max()), 0),
         "spike_ratio": round(float(spike_ratios(frame)[big].max()), 4) if big.any() else 1.0,
-        "leak_rate": leaks[0] if leaks else 0,
+        "leak_rate": leaks[0] if leaks else 0,   # unreported memory at rest, per request or turn
         "retained": max(int((frame["active"] - base - frame["logical"]).max()), 0),
         "rss_peak": int(frame["rss"].max()),
         "minimum": minimum,

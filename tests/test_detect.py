@@ -113,3 +113,105 @@ def test_the_module_docstring_gives_each_detectors_defaults_beside_its_formula(n
     for field, value in entry.thresholds().model_dump().items():
         assert f"{field} {value}" in defaults or f"{field} {format_bytes(value)}" in defaults
     assert ("expected none" if entry.expected == "none" else "checked only when stated") in defaults
+
+
+# At-rest detectors on constructed samples: a baseline, then one quiescent point per request.
+MiB = 2**20
+BASE = 100 * MiB
+
+
+def at_rest(active: list[int], logical: list[int], cache: list[int] | None = None,
+            collected: list[int] | None = None) -> pd.DataFrame:
+    """The baseline (nothing held) and one idle sample per request, bytes above the baseline."""
+    n = len(active)
+    zeros = [0] * n
+    frame = pd.DataFrame({
+        "step": range(n + 1), "phase": pd.Categorical(["idle"] * (n + 1)),
+        "request": [-1, *range(n)], "turn": -1, "tokens": 0,
+        "active": [BASE, *(BASE + a for a in active)], "peak": [BASE, *(BASE + a for a in active)],
+        "cache": [0, *(cache or zeros)], "logical": [0, *logical], "host": 0,
+        "minimum": 0, "work": 0, "collected": [0, *(collected or zeros)],
+    })
+    return frame.assign(rss=frame["active"] + frame["cache"])   # nothing outside MLX
+
+
+def kinds(frame: pd.DataFrame, **thresholds) -> dict[str, Finding]:
+    spec = make_spec(workload=WORKLOAD, detect=thresholds)
+    return {f.kind: f for f in detect.detect(frame, spec.detect, "cpu")}
+
+
+def evicting(broken: bool) -> pd.DataFrame:
+    """A store of 1 MiB entries that fills 8, then evicts one per request for 12 more; broken,
+    the evicted entry stays alive and unreported."""
+    held = [min(k, 8) * MiB for k in range(1, 21)]
+    alive = [k * MiB for k in range(1, 21)] if broken else held
+    return at_rest(alive, held)
+
+
+def test_a_store_filling_to_its_limit_then_evicting_is_not_a_leak():
+    assert kinds(evicting(broken=False), unbounded={"budget": "10 MiB"}) == {}
+
+
+def test_broken_eviction_is_a_leak_of_the_unreported_bytes_and_nothing_else():
+    found = kinds(evicting(broken=True))
+    assert set(found) == {"leak"}                  # not retained, though 12 MiB > 25% of 8 MiB
+    found = kinds(evicting(broken=True), leak={"warmup": 8}, retained={"warmup": 8})
+    assert set(found) == {"leak"}
+    assert (found["leak"].bytes, found["leak"].count) == (MiB, 11)   # the warm-up covers the fill
+
+
+def test_honest_unlimited_growth_is_unbounded_past_a_stated_budget_never_a_leak():
+    growing = at_rest([k * MiB for k in range(1, 21)], [k * MiB for k in range(1, 21)])
+    assert kinds(growing) == {}                                  # no budget: not checked
+    assert kinds(growing, unbounded={"budget": "20 MiB"}) == {}  # 20 MiB at the end: within it
+    found = kinds(growing, unbounded={"budget": "10 MiB"})
+    assert set(found) == {"unbounded"}
+    assert (found["unbounded"].bytes, found["unbounded"].count) == (MiB, 18)
+    assert "20.00 MiB at rest, over the budget of 10.00 MiB" in found["unbounded"].message
+
+
+def wasteful(tokens: list[int]) -> pd.DataFrame:
+    """Entries of `tokens` 4 KiB tokens each, kept as slices of 512-slot buffers."""
+    logical = [sum(tokens[: k + 1]) * 4096 for k in range(len(tokens))]
+    waste = [sum(512 - t for t in tokens[: k + 1]) * 4096 for k in range(len(tokens))]
+    return at_rest([w + h for w, h in zip(waste, logical, strict=True)], logical)
+
+
+def test_small_waste_in_every_entry_is_retained_by_its_trend():
+    tokens = [470] * 5 + [480] * 5 + [490] * 5 + [500] * 5        # 8.9% down to 2.4% waste
+    found = kinds(wasteful(tokens))
+    assert set(found) == {"retained"}
+    assert found["retained"].bytes == sum(512 - t for t in tokens) * 4096 == 2_211_840
+    assert "rising 90,112 B per request in step" in found["retained"].message  # the median delta
+    assert kinds(wasteful(tokens[:3])) == {}                   # 3 points: 2 past the warm-up
+
+
+def test_the_same_rising_excess_is_a_leak_when_the_reported_bytes_stand_still():
+    entry, waste = 470 * 4096, 42 * 4096                 # the store reports one entry only
+    frame = at_rest([entry + waste * k for k in range(1, 21)], [entry] * 20)
+    found = kinds(frame)
+    assert set(found) == {"leak"}
+    assert found["leak"].bytes == waste
+
+
+def test_bytes_only_the_cycle_collector_freed_at_rest_are_gc_deferred():
+    frame = at_rest([MiB] * 4, [MiB] * 4, collected=[0, MiB, 3 * MiB, 64 * 2**10])
+    frame.loc[0, "collected"] = 50 * MiB                # before the run: not the run's
+    found = kinds(frame)
+    assert set(found) == {"gc_deferred"}
+    assert (found["gc_deferred"].step, found["gc_deferred"].bytes) == (3, 3 * MiB)
+    assert found["gc_deferred"].steps == [2, 3]         # 64 KiB is not more than the floor
+
+
+def test_a_buffer_cache_holding_more_than_the_floor_at_rest_is_pooled():
+    frame = at_rest([0] * 3, [0] * 3, cache=[32 * MiB, 64 * MiB, 65 * MiB])
+    frame.loc[0, ["cache", "rss"]] += 500 * MiB         # the baseline's cache: not at rest
+    found = kinds(frame)
+    assert set(found) == {"pooled"}
+    assert (found["pooled"].step, found["pooled"].bytes, found["pooled"].count) == (3, 65 * MiB, 1)
+    assert kinds(frame, pooled={"min_bytes": "128 MiB"}) == {}
+    # Metal's and CUDA's default limits follow the device: no floor unless the scenario says.
+    spec = make_spec(workload=WORKLOAD)
+    assert detect.detect(frame, spec.detect, "gpu") == []
+    stated = make_spec(workload=WORKLOAD, detect={"pooled": {"min_bytes": "64 MiB"}})
+    assert [f.kind for f in detect.detect(frame, stated.detect, "gpu")] == ["pooled"]

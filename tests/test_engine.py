@@ -51,17 +51,19 @@ def test_kvcache_growth_steps_are_found_at_every_256_token_boundary():
 
 
 
-def test_a_leaking_store_is_flagged_with_its_bytes_per_request():
+def test_a_store_keeping_every_request_and_reporting_it_is_unbounded_not_a_leak():
     spec = make_spec(
         cache={"store": {"component": "examples.leaky_store:LeakyStore",
                          "options": {"leak": True}}},
         workload={"prefill_chunk": 128, "requests": [{"prompt": 200, "decode": 56, "repeat": 6}]},
+        detect={"unbounded": {"budget": "1 MiB"}},
     )
-    _frame, findings, figures = serve(spec)
-    assert [f.kind for f in findings] == ["leak"]
-    # Layer 0's keys of each request: 256 slots x 8 heads x 128 x 2 bytes.
-    assert findings[0].bytes == figures["leak_rate"] == 256 * 8 * 128 * 2
+    frame, findings, figures = serve(spec)
+    assert [f.kind for f in findings] == ["unbounded"]
+    # Layer 0's keys of each request: 256 slots x 8 heads x 128 x 2 bytes, all in its nbytes.
+    assert findings[0].bytes == 256 * 8 * 128 * 2
     assert findings[0].count == 4  # 6 requests, 1 of warm-up: 5 points, 4 deltas
+    assert figures["leak_rate"] == 0 and frame["logical"].iloc[-1] == 6 * 256 * 8 * 128 * 2
 
 
 def test_the_same_store_without_the_leak_raises_no_finding():

@@ -25,7 +25,7 @@ from tests.conftest import make_spec
 from tests.test_isolation import CRASHES
 
 # Tiny variants (about two seconds each, most of it the child's imports); `beta` loads a store
-# by import path and leaks one 128 KiB keys buffer per request.
+# by import path and keeps (and reports) one 128 KiB keys buffer per request, past a 256 KiB budget.
 ALPHA = """\
 name: alpha
 model: {dtype: float16, vocab: 256, layers: [{count: 1, kind: full, kv_heads: 1, head_dim: 32}]}
@@ -41,8 +41,9 @@ name: beta
 model: {dtype: float16, vocab: 256, layers: [{count: 2, kind: full, kv_heads: 4, head_dim: 64}]}
 cache: {store: {component: "examples.leaky_store:LeakyStore"}}
 workload: {prefill_chunk: 64, requests: [{prompt: 64, decode: 8, repeat: 4}]}
+detect: {unbounded: {budget: 256 KiB}}
 variants:
-  leaky: {cache: {store: {options: {leak: true}}}, expect: {leak: detected}}
+  leaky: {cache: {store: {options: {leak: true}}}, expect: {unbounded: detected}}
   clean: {cache: {store: {options: {leak: false}}}}
 """
 
@@ -78,7 +79,7 @@ def test_two_jobs_give_the_same_summaries_in_the_same_order(suite, capsys):
     assert verdicts(suite / "jobs2") == reference
     assert list(reference) == ["alpha/long", "alpha/repeated", "alpha/short", "beta/clean",
                                "beta/leaky"]
-    assert reference["beta/leaky"]["findings"] == [("leak", 2)]
+    assert reference["beta/leaky"]["findings"] == [("unbounded", 2)]
     # The table, like the summaries, keeps the files' variant order, whatever finished first.
     rows = [line.split("│")[2].strip() for line in capsys.readouterr().out.splitlines()
             if line.count("│") > 3]

@@ -42,12 +42,16 @@ def reduced(path: str, variant: str) -> ScenarioSpec:
         ]
         block = ScenarioSpec.model_validate(raw).geometry().minimum_bytes(BLOCK)
         raw["cache"]["store"]["options"]["hot_budget"] = 9 * block
-        raw["detect"]["spike"]["min_bytes"] = 110 * 2**20
+        # Reduced, TurboQuant's per-step dequantize for attention is a 136 MiB transient and the
+        # restore bug's extra copy 185 MiB; the other variants' spikes by design stay under 110.
+        raw["detect"]["spike"]["min_bytes"] = (160 if turboquant else 110) * 2**20
         raw["detect"]["host_memory"]["min_bytes"] = 16 * 2**20
+        raw["detect"]["unbounded"]["budget"] = 64 * 2**20     # above the 49.5 MiB hot tier
     else:
         raw["workload"]["chat"] = {"turns": 8, "user": 224, "model": 16}
         raw["workload"]["prefill_chunk"] = BLOCK
         raw["detect"]["leak"]["warmup"] = 4
+        raw["detect"]["unbounded"]["budget"] = 10 * 2**20     # above the 7.9 MiB rolling window
         options = raw["cache"]["session"]["options"]
         if options.get("rolling_threshold") is not None:
             options["rolling_threshold"] = 512
@@ -59,9 +63,9 @@ def reduced(path: str, variant: str) -> ScenarioSpec:
 
 @pytest.mark.parametrize("path,variant,kind", [
     (HOT, "raw_bytes", "host_memory"),
-    (HOT, "snapshot_leak", "leak"),
+    (HOT, "snapshot_leak", "unbounded"),
     (HOT, "turboquant_dequantize", "spike"),
-    (CHAT, "rolling_off", "leak"),
+    (CHAT, "rolling_off", "unbounded"),
     (CHAT, "logits_full", "growth"),
 ])
 def test_each_before_is_flagged_with_its_finding(path, variant, kind):
