@@ -33,7 +33,8 @@ from .run.merge import merge
 from .run.schedule import parse_shard, shard
 from .run.suite import exit_status, run_repeated, run_variants, table
 from .scenario import ScenarioError, Variant, discover, load_variants
-from .summary_io import Summary, SummaryError, atomic_text, checked, load_summaries
+from .summary_io import Summary, SummaryError, atomic_text, checked, finite, load_summaries
+from .units import mib
 
 BAD_INPUT = (ScenarioError, ReportError, SummaryError, CompareError)
 DEFAULT_SCENARIOS = Path("scenarios")
@@ -113,6 +114,13 @@ def _show(args: argparse.Namespace, console: Console) -> int:
         for f in s.get("findings", []):
             console.print(f"  {escape(s['scenario'])}/{escape(s['variant'])}: "
                           f"[bold]{escape(f['kind'])}[/bold] {escape(f['message'])}")
+        model = s.get("model")
+        if isinstance(model, dict) and finite(model.get("weights")):
+            console.print(f"  {escape(s['scenario'])}/{escape(s['variant'])}: model "
+                          f"{escape(str(model.get('name')))} ({escape(str(model.get('engine')))}, "
+                          f"{escape(str(model.get('layers')))} layers): weights "
+                          f"{mib(model['weights'], 1)} MiB, KV minimum "
+                          f"{mib(s['metrics'].get('minimum'), 1)} MiB")
         stats = s.get("store_stats")
         if isinstance(stats, dict) and stats:
             console.print(f"  {escape(s['scenario'])}/{escape(s['variant'])}: store "

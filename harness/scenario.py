@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from . import geometry as geo
+from . import models
 from .components import Binding
 from .components import check as check_components
 from .detect import DETECTORS, Detector, Presence
@@ -114,10 +115,20 @@ class LayerGroup(_Strict):
         return self
 
 
+
 def _known_preset(name: str | None) -> str | None:
-    if name is not None and name not in geo.PRESETS:
-        raise ValueError(f"unknown preset {name!r}: expected one of " + ", ".join(geo.PRESETS))
+    """A geometry preset (synthetic engine) or an mlx-lm config preset (mlx_lm engine); which
+    engine may use which is checked with the engine (ScenarioSpec._check_engine)."""
+    if name is not None and name not in geo.PRESETS and name not in models.PRESETS:
+        raise ValueError(f"unknown preset {name!r}: expected one of "
+                         + ", ".join(dict.fromkeys([*geo.PRESETS, *models.PRESETS])))
     return name
+
+
+def _preset_layers(name: str) -> int:
+    if name in geo.PRESETS:
+        return sum(g.get("count", 1) for g in geo.PRESETS[name]["layers"])
+    return models.preset_layers(name)
 
 
 if TYPE_CHECKING:  # what the tagged unions validate to, for the type checker
@@ -128,18 +139,37 @@ else:
     MetricName = Literal[METRICS]  # one member per gated metric
 
 
+class QuantizeSpec(_Strict):
+    """`model.quantize`: the weights through `mlx.nn.quantize` (mlx_lm engine)."""
+
+    bits: Literal[2, 3, 4, 5, 6, 8]
+    group_size: Literal[32, 64, 128] = 64
+
+
 class ModelSpec(_Strict):
-    """A preset (optionally cut to its first `layers` layers) or inline layer groups."""
+    """A preset (optionally cut to its first `layers` layers) or inline layer groups; on the
+    mlx_lm engine also a local model folder (`path`) and quantized weights (`quantize`)."""
 
     preset: Annotated[str | None, Field(strict=True), AfterValidator(_known_preset)] = None
+    path: Annotated[str, Field(strict=True, min_length=1)] | None = None
     layers: LayerCut | None = None
     dtype: Dtype = "bfloat16"
     vocab: Annotated[int, Field(strict=True, ge=1, le=MAX_VOCAB)] | None = None
     window: Positive | None = None
+    quantize: QuantizeSpec | None = None
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
-        if self.preset is None:
+        if self.path is not None:
+            if self.preset is not None:
+                raise ValueError("expected either preset or path, not both")
+            if self.layers is not None or self.vocab is not None or self.window is not None:
+                raise ValueError("with a path, the folder's config.json gives the layers, vocab "
+                                 "and window")
+            if not (Path(self.path) / "config.json").is_file():
+                raise ValueError(f"path: no config.json in {self.path!r} (expected a local "
+                                 "model folder)")
+        elif self.preset is None:
             if not isinstance(self.layers, list) or not self.layers:
                 raise ValueError("expected a preset name or a list of layer groups under layers")
             total = sum(group.count for group in self.layers)
@@ -148,13 +178,22 @@ class ModelSpec(_Strict):
         elif isinstance(self.layers, list):
             raise ValueError("with a preset, layers is a count (keep the first N layers)")
         elif self.layers is not None:
-            available = sum(g.get("count", 1) for g in geo.PRESETS[self.preset]["layers"])
+            available = _preset_layers(self.preset)
             if self.layers > available:
                 raise ValueError(f"layers: expected at most {available}, the layers of "
                                  f"{self.preset}; got {self.layers}")
         return self
 
+    def choice(self) -> models.ModelChoice:
+        """What the mlx_lm engine builds (ScenarioSpec._check_engine has checked it fits)."""
+        assert not isinstance(self.layers, list)
+        bits = self.quantize.bits if self.quantize else None
+        group = self.quantize.group_size if self.quantize else 64
+        return models.ModelChoice(self.preset, self.path, self.layers, self.vocab, self.dtype,
+                                  bits, group)
+
     def geometry(self) -> geo.Geometry:
+        """The synthetic engine's geometry (the mlx_lm engine's comes from the built model)."""
         if self.preset is not None:
             assert not isinstance(self.layers, list)  # with a preset, _check allows a count
             return geo.preset(self.preset, layers=self.layers, dtype=self.dtype,
@@ -311,6 +350,9 @@ _expect = _registered(ExpectSpec, _presence_field)
 class ScenarioSpec(_Strict):
     name: Name
     description: Annotated[str, Field(strict=True)] = ""
+    # synthetic: seeded K/V fed to the caches (harness.run.engine); mlx_lm: a real mlx-lm model
+    # with random weights, served through generate_step (harness.run.model_engine).
+    engine: Literal["synthetic", "mlx_lm"] = "synthetic"
     model: Annotated[ModelSpec, BeforeValidator(
         lambda v: {"preset": v} if isinstance(v, str) else v)]
     cache: CacheSpec = CacheSpec()
@@ -327,8 +369,41 @@ class ScenarioSpec(_Strict):
             raise ValueError("cache.store: a prefix store serves requests, not a chat workload")
         return self
 
+    @model_validator(mode="after")
+    def _check_engine(self) -> ScenarioSpec:
+        model = self.model
+        if self.engine == "synthetic":
+            if model.path is not None or model.quantize is not None:
+                field = "path" if model.path is not None else "quantize"
+                raise ValueError(f"model.{field}: needs engine: mlx_lm (a real model)")
+            if model.preset is not None and model.preset not in geo.PRESETS:
+                raise ValueError(f"model.preset: {model.preset!r} is an mlx_lm config preset: "
+                                 "add engine: mlx_lm, or use a geometry preset ("
+                                 + ", ".join(geo.PRESETS) + ")")
+            return self
+        if model.preset is None and model.path is None:
+            raise ValueError("model: engine mlx_lm builds a model from a preset ("
+                             + ", ".join(models.PRESETS) + ") or loads one from a path, "
+                             "not from layer groups")
+        if model.preset is not None and model.preset not in models.PRESETS:
+            raise ValueError(f"model.preset: {model.preset!r} has no mlx_lm config: expected "
+                             "one of " + ", ".join(models.PRESETS))
+        if model.window is not None:
+            raise ValueError("model.window: the mlx_lm engine takes the window from the model")
+        if self.workload.batch != 1:
+            raise ValueError("workload.batch: the mlx_lm engine serves one sequence at a time "
+                             "(batch: 1)")
+        return self
+
     def geometry(self) -> geo.Geometry:
+        """Per layer, what the caches hold: on the mlx_lm engine read from the built model."""
+        if self.engine == "mlx_lm":
+            return models.describe(self.model.choice())[0].with_batch(self.workload.batch)
         return self.model.geometry().with_batch(self.workload.batch)
+
+    def weights_bytes(self) -> int:
+        """The model's weights on the mlx_lm engine (the synthetic engine has none)."""
+        return models.describe(self.model.choice())[1] if self.engine == "mlx_lm" else 0
 
 
 @dataclass(frozen=True)
@@ -562,7 +637,10 @@ def _load(path: Path, variants: list[str] | None) -> list[Variant]:
         except ScenarioError as exc:
             raise ScenarioError(f"{path}: {where}{exc}") from None
         scenarios.append(Variant(path=path, name=name, spec=spec))
-        bindings += _bindings(spec, where)
+        try:
+            bindings += _bindings(spec, where)
+        except models.ModelError as exc:
+            raise ScenarioError(f"{path}: {where}model: {exc}") from None
     # Every component of every variant resolved and its options bound, so a typo fails before
     # any run; user code is imported once per file, in a child (see components.check).
     problems = check_components(bindings)

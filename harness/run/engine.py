@@ -2,7 +2,12 @@
 
 For each request: look the prompt up in the store (if any), prefill the rest in chunks, decode,
 store, release. A chat runs its turns against one session. Every chunk, token, fetch and store is
-one step bracketed by the probe, and an idle sample follows each request or turn. The engine
+one step bracketed by the probe, and an idle sample follows each request or turn.
+
+`Engine` is the loop with a synthetic forward pass (seeded K/V fed straight to the caches); the
+loop calls `generate` for a prompt's prefill and decode, and `make_caches` for fresh caches, the
+two seams `harness.run.model_engine.ModelEngine` replaces to serve a real mlx-lm model through
+`generate_step`. `create` picks the engine a scenario names. The engine
 serves in whatever process creates it: `harness.run.isolation.execute` creates one in a child
 process per variant (so a variant that segfaults or is killed for memory becomes a failed run
 instead of taking the others down), the scenario tests and the benchmark in their own.
@@ -64,16 +69,25 @@ def _component(spec: Any, first_arg: Any) -> Any:
     return resolve(spec.component)(first_arg, **spec.options)
 
 
+def create(spec: ScenarioSpec, probe: Probe,
+           progress: Callable[[int], None] | None = None) -> Engine:
+    """The engine the scenario names (`engine:`), ready to serve in this process."""
+    if spec.engine == "mlx_lm":
+        from .model_engine import ModelEngine  # imports mlx-lm's model code only when used
+
+        return ModelEngine(spec, probe, progress)
+    return Engine(spec, probe, progress)
+
+
 class Engine:
     """Serves one scenario variant in this process, recording one probe row per step."""
 
     def __init__(self, spec: ScenarioSpec, probe: Probe,
                  progress: Callable[[int], None] | None = None):
         self.spec = spec
-        self.geometry: Geometry = spec.geometry()
         self.probe = probe
         self.progress = progress
-        self.source = SyntheticKV(spec.sampling.seed, self.geometry.layers)
+        self.geometry: Geometry = self.prepare()
         cache = spec.cache
         self.store: Store | None = _component(cache.store, self.geometry) if cache.store else None
         self.session: Session | None = (
@@ -83,6 +97,12 @@ class Engine:
         self._request = -1
         self._turn = -1
         self._tokens = 0
+
+    def prepare(self) -> Geometry:
+        """What the engine needs before the baseline (the K/V pools), and the geometry."""
+        geometry = self.spec.geometry()
+        self.source = SyntheticKV(self.spec.sampling.seed, geometry.layers)
+        return geometry
 
     def make_caches(self) -> list[LayerCache]:
         """A fresh cache per layer: recurrent layers hold a fixed state, sliding layers a window."""
@@ -96,8 +116,10 @@ class Engine:
                 caches.append(_component(self.spec.cache.layer, layer))
         return caches
 
-    def _record(self, phase: str, work: int, collected: int = 0) -> None:
-        logical = sum(c.nbytes for caches in self._live for c in caches)
+    def _record(self, phase: str, work: int, collected: int = 0, held: int = 0) -> None:
+        """End the step: one probe row; `held` counts bytes the engine itself holds (a real
+        model's logits in flight) with what the components report."""
+        logical = held + sum(c.nbytes for caches in self._live for c in caches)
         host = 0
         for part in (self.store, self.session):
             if part is not None:
@@ -117,6 +139,14 @@ class Engine:
             outputs.append(cache.update_and_fetch(keys, values))
         mx.eval(outputs)
         return work
+
+    def generate(self, caches: list[LayerCache], prompt: np.ndarray, start: int,
+                 planned: np.ndarray, held: int = 0, phase: str = "prefill") -> np.ndarray:
+        """Prefill `prompt[start:]` onto caches holding `held` other tokens, then decode one
+        token per entry of `planned`; the tokens generated (here, the planned ones)."""
+        self.prefill(caches, prompt, start, held, phase)
+        self.decode(caches, len(planned))
+        return planned
 
     def prefill(self, caches: list[LayerCache], prompt: np.ndarray, start: int, held: int = 0,
                 phase: str = "prefill") -> None:
@@ -168,8 +198,7 @@ class Engine:
             if caches is None:
                 caches, matched = self.make_caches(), 0
                 self._live = [caches]
-            self.prefill(caches, prompt, matched)
-            self.decode(caches, len(generated))
+            generated = self.generate(caches, prompt, matched, generated)
             if self.store is not None:
                 self.probe.begin()
                 self.store.store(tuple(np.concatenate([prompt, generated]).tolist()), caches)
@@ -196,11 +225,11 @@ class Engine:
                     fresh = self.make_caches()
                     self._live = [caches, fresh]
                     history = np.resize(turn_tokens, sum(turns))
-                    self.prefill(fresh, history, 0, phase="evict")
+                    self.generate(fresh, history, 0, history[:0], phase="evict")
                     caches = fresh
                     self._live = [caches]
-            self.prefill(caches, turn_tokens[: chat.user], 0, held=sum(turns))
-            self.decode(caches, chat.model)
+            self.generate(caches, turn_tokens[: chat.user], 0, turn_tokens[chat.user:],
+                          held=sum(turns))
             turns.append(chat.user + chat.model)
             self.idle()
 
@@ -219,6 +248,10 @@ class Engine:
         finally:
             if collecting and enabled:
                 gc.enable()
+
+    def facts(self) -> dict[str, Any] | None:
+        """What the summary reports about the model served (None: synthetic K/V, no model)."""
+        return None
 
     def store_stats(self) -> dict[str, int | float] | None:
         """The store's `stats` (a flat dict of numbers) as it stands, or None without one."""

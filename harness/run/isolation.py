@@ -35,7 +35,7 @@ import psutil
 
 from ..components import resolve
 from ..scenario import ComponentSpec, ScenarioSpec, Variant
-from .engine import Engine
+from .engine import create
 from .probe import ROW, Probe
 from .synthetic import SyntheticKV
 
@@ -55,6 +55,7 @@ class RunOutcome:
     wall_s: float
     estimate: int
     store_stats: dict | None = None  # the store's `stats` at the end of the run, if it has any
+    model: dict | None = None  # the real model served (Engine.facts), None on synthetic K/V
 
 
 def _context_tokens(spec: ScenarioSpec) -> int:
@@ -70,8 +71,10 @@ def estimate_bytes(spec: ScenarioSpec) -> int:
     Each layer's cache at the longest context, twice (a growth step briefly holds old and new
     buffers), or what its factory's `estimate_bytes(layer, tokens, **options)` says when that is
     more (a cache that allocates its whole window up front); a prefill chunk's K/V twice; and
-    whatever a store or session's `estimate_bytes(geometry, workload, **options)` adds on top.
-    Resolves components, so it runs where user code may run: in the child.
+    whatever a store or session's `estimate_bytes(geometry, workload, **options)` adds on top;
+    on the mlx_lm engine the model's weights too, and a prefill chunk's K/V twice more for its
+    activations (an allowance, not a bound). Resolves components, so it runs where user code
+    may run: in the child.
     """
     geometry, workload = spec.geometry(), spec.workload
     context = _context_tokens(spec)
@@ -81,7 +84,9 @@ def estimate_bytes(spec: ScenarioSpec) -> int:
                  for layer in geometry.layers)
     chunk = sum(SyntheticKV.input_bytes(layer, workload.prefill_chunk) for layer in geometry.layers)
     extra = sum(_stated(part, geometry, workload) for part in (spec.cache.store, spec.cache.session))
-    return caches + 2 * chunk + extra + RUNTIME_SLACK
+    weights = spec.weights_bytes()
+    activations = 2 * chunk if weights else 0
+    return caches + 2 * chunk + activations + extra + weights + RUNTIME_SLACK
 
 
 def _stated(component: ComponentSpec | None, *args: Any) -> int:
@@ -134,9 +139,10 @@ def _child(variant: Variant, pipe: Connection, verdicts: Connection, last_step,
         pipe.send({"estimate": estimate})
         message["refused"] = verdicts.recv()  # None: serve
         if message["refused"] is None:
-            engine = Engine(variant.spec, probe, lambda steps: setattr(last_step, "value", steps))
+            engine = create(variant.spec, probe, lambda steps: setattr(last_step, "value", steps))
             engine.serve()
             message["store_stats"] = engine.store_stats()
+            message["model"] = engine.facts()
             message["completed"] = True
     except BaseException as exc:  # SystemExit from a component is a failed run too
         message["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-3)}"
@@ -244,5 +250,5 @@ def _outcome(variant: Variant, message: dict, ended: str | None, code: int | Non
                  "workload")
     else:
         return RunOutcome(variant, "ok", rows, None, code, steps, wall, estimate,
-                          message.get("store_stats"))
+                          message.get("store_stats"), message.get("model"))
     return RunOutcome(variant, "failed", rows, error, code, steps, wall, estimate)

@@ -100,12 +100,19 @@ class Probe:
 
     The step peak is max(peak since reset, active before, active after), because
     `reset_peak_memory` sets the counter to zero rather than to the active bytes.
+    `end` synchronizes the default stream and every stream given to `watch` (a real model's
+    generation stream, where work is still queued when a decode step yields its token).
     """
 
     def __init__(self, capacity: int = 4096):
         self._rows = np.zeros(capacity, dtype=ROW)
         self._n = 0
         self._before = 0
+        self._streams: list[mx.Stream | mx.ThreadLocalStream] = []
+
+    def watch(self, stream: mx.Stream | mx.ThreadLocalStream) -> None:
+        """Synchronize `stream` too before each reading."""
+        self._streams.append(stream)
 
     def begin(self) -> None:
         # The previous step ended synchronized and only Python ran since (frees are immediate),
@@ -115,6 +122,8 @@ class Probe:
 
     def end(self, phase: str, request: int, turn: int, tokens: int,
             logical: int, host: int, minimum: int, work: int, collected: int = 0) -> None:
+        for stream in self._streams:
+            mx.synchronize(stream)
         mx.synchronize()
         active = mx.get_active_memory()
         peak = max(mx.get_peak_memory(), self._before, active)

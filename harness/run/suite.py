@@ -72,6 +72,9 @@ def summarize(outcome: RunOutcome, environment: dict) -> tuple[pd.DataFrame, lis
     }
     if outcome.store_stats is not None:
         summary["store_stats"] = outcome.store_stats
+    if outcome.model is not None:  # a real model: its weights beside the KV `minimum`
+        summary["model"] = outcome.model
+        figures["weights"] = outcome.model["weights"]
     return frame, findings, summary
 
 

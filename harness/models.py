@@ -1,0 +1,176 @@
+"""Real mlx-lm models for the `mlx_lm` engine: config presets with random weights, or a local folder.
+
+A preset is an mlx-lm config dict, built as `Model(ModelArgs.from_dict(config))`: every weight
+is a lazy random array, so nothing is downloaded and the weights' bytes are known before they
+are evaluated. The shapes follow the published configs of the models named (`-like`: a preset is
+a geometry, not a checkpoint); where `harness.geometry.PRESETS` has the same model under the
+same name (`qwen3-8b`), both describe the same layers, so `model: qwen3-8b` means one geometry on
+either engine. `layers: N` keeps the first N layers (N = num_hidden_layers), `vocab` resizes the
+vocabulary (a 150k-token output layer dominates a decode step on CPU), `quantize` runs
+`mlx.nn.quantize` over the built model.
+
+`model: {path: DIR}` loads a local model folder with mlx-lm's `load_model` (config.json and
+safetensors): `mlx_lm.load` would also load a tokenizer, which the engine never uses (its token
+ids are drawn, not encoded) and which a folder built offline may not have.
+
+The geometry the detectors and the analytic minimum use comes from the built model itself, not
+from the config: one token is run through the model lazily on fresh caches from the model's own
+`make_cache`, and each cache's shapes are read without evaluating anything (MLX knows shapes
+and dtypes of unevaluated arrays). KV caches give the layer's KV heads, head dim and dtype,
+`RotatingKVCache` its window, `ArraysCache` (recurrent layers) its state bytes.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
+
+from . import geometry as geo
+
+
+def _qwen3(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int,
+           tied: bool) -> dict:
+    return {"model_type": "qwen3", "hidden_size": hidden, "num_hidden_layers": layers,
+            "intermediate_size": intermediate, "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads, "head_dim": 128, "rms_norm_eps": 1e-6,
+            "vocab_size": 151936, "max_position_embeddings": 40960, "rope_theta": 1_000_000.0,
+            "tie_word_embeddings": tied}
+
+
+PRESETS: dict[str, dict] = {
+    "qwen3-0.6b": _qwen3(1024, 28, 16, 8, 3072, tied=True),
+    "qwen3-8b": _qwen3(4096, 36, 32, 8, 12288, tied=False),
+    # Five sliding-window layers (window 512) then one global layer; one KV head of 256.
+    "gemma-3-1b": {
+        "model_type": "gemma3_text", "hidden_size": 1152, "num_hidden_layers": 26,
+        "intermediate_size": 6912, "num_attention_heads": 4, "num_key_value_heads": 1,
+        "head_dim": 256, "vocab_size": 262144, "sliding_window": 512,
+        "sliding_window_pattern": 6, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-6,
+        "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
+        "max_position_embeddings": 32768,
+    },
+    # Qwen3.5's dense hybrid: three GatedDeltaNet layers (a fixed recurrent state each) then
+    # one full-attention layer, repeated.
+    "qwen3.5-0.8b": {
+        "model_type": "qwen3_5", "hidden_size": 1024, "num_hidden_layers": 24,
+        "intermediate_size": 3584, "num_attention_heads": 8, "num_key_value_heads": 2,
+        "head_dim": 256, "vocab_size": 248320, "linear_num_value_heads": 16,
+        "linear_num_key_heads": 16, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4, "full_attention_interval": 4, "tie_word_embeddings": True,
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 262144,
+    },
+}
+
+
+def preset_layers(name: str) -> int:
+    return int(PRESETS[name]["num_hidden_layers"])
+
+
+def preset_config(name: str, layers: int | None = None, vocab: int | None = None) -> dict:
+    """A preset's config with its first `layers` layers and `vocab` tokens, where given."""
+    config = copy.deepcopy(PRESETS[name])
+    if layers is not None:
+        config["num_hidden_layers"] = layers
+    if vocab is not None:
+        config["vocab_size"] = vocab
+    return config
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """What a scenario's `model:` says to build on the mlx_lm engine (plain values: it pickles)."""
+
+    preset: str | None
+    path: str | None
+    layers: int | None
+    vocab: int | None
+    dtype: str
+    bits: int | None
+    group_size: int
+
+    @property
+    def name(self) -> str:
+        return self.preset or Path(self.path or "model").name
+
+
+class ModelError(ValueError):
+    """A model that cannot be built or loaded; the message says why."""
+
+
+def build(choice: ModelChoice) -> nn.Module:
+    """The model with lazy weights: random from a preset (seed them with `mx.random.seed`
+    first), or a local folder's; cast to the dtype (presets only) and quantized if asked."""
+    if choice.path is not None:
+        from mlx_lm.utils import load_model
+
+        try:
+            model, _config = load_model(Path(choice.path), lazy=True)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ModelError(f"cannot load a model from {choice.path}: {exc}") from None
+    else:
+        from mlx_lm.utils import _get_classes
+
+        assert choice.preset is not None
+        config = preset_config(choice.preset, choice.layers, choice.vocab)
+        model_class, args_class = _get_classes(config)
+        model = model_class(args_class.from_dict(config))
+        model.set_dtype(geo.DTYPES[choice.dtype])
+    if choice.bits is not None:
+        nn.quantize(model, group_size=choice.group_size, bits=choice.bits)
+    return model
+
+
+def weights_bytes(model: nn.Module) -> int:
+    """Bytes of every parameter (known before evaluation: shapes and dtypes are)."""
+    arrays: Any = tree_flatten(model.parameters())
+    return sum(v.nbytes for _, v in arrays)
+
+
+def make_caches(model: nn.Module) -> list[Any]:
+    """The model's own caches (`make_cache`, or one KVCache per layer without one)."""
+    return make_prompt_cache(model)
+
+
+def geometry(model: nn.Module, name: str) -> geo.Geometry:
+    """The model's cache geometry, read lazily from one token run on fresh caches."""
+    caches = make_caches(model)
+    logits = model(mx.array([[0]]), cache=caches)
+    layers = [_layer(index, cache) for index, cache in enumerate(caches)]
+    return geo.Geometry(name=name, layers=tuple(layers), vocab=int(logits.shape[-1]))
+
+
+def _layer(index: int, cache: Any) -> geo.LayerSpec:
+    if isinstance(cache, ArraysCache):
+        arrays: list[Any] = [a for a in cache.cache if a is not None]
+        state = sum(a.nbytes for a in arrays)
+        return geo.LayerSpec(index, geo.KIND_RECURRENT, 0, 0, mx.float32, state_bytes=state)
+    if isinstance(cache, (KVCache, RotatingKVCache)):
+        keys: Any = cache.keys
+        values: Any = cache.values
+        _, kv_heads, _, head_dim = keys.shape
+        if values.shape[3] != head_dim:
+            raise ModelError(f"layer {index}: keys and values of different head dims "
+                             f"({head_dim}, {values.shape[3]}) are not supported")
+        if isinstance(cache, RotatingKVCache):
+            return geo.LayerSpec(index, geo.KIND_SLIDING, kv_heads, head_dim, keys.dtype,
+                                 window=cache.max_size)
+        return geo.LayerSpec(index, geo.KIND_FULL, kv_heads, head_dim, keys.dtype)
+    raise ModelError(f"layer {index}: the model's {type(cache).__name__} is not supported "
+                     "(KVCache, RotatingKVCache and ArraysCache are)")
+
+
+@functools.lru_cache(maxsize=32)
+def describe(choice: ModelChoice) -> tuple[geo.Geometry, int]:
+    """The geometry and weight bytes of a model choice, without evaluating it (validation and
+    the size check call this; the engine builds its own model)."""
+    mx.random.seed(0)  # the bytes do not depend on the values
+    model = build(choice)
+    return geometry(model, choice.name), weights_bytes(model)
