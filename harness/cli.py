@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from . import geometry
+from . import geometry, models
 from .components import import_paths
 from .gate import baseline, noise
 from .gate.compare import METRICS, CompareError, Comparison, compare, fraction, head_failed, size
@@ -101,7 +101,25 @@ def _list(args: argparse.Namespace, console: Console) -> int:
         layers = " + ".join(f"{n} {k}" for k, n in kinds.items() if n)
         presets.add_row(name, layers, f"{g.token_bytes() / 1024:g} KiB", f"{g.vocab:,}")
     console.print(presets)
+    console.print(_model_presets())
     return 0
+
+
+def _model_presets() -> Table:
+    """The mlx_lm engine's presets: layers, KV per token and vocabulary as the built model
+    has them (read without evaluating it), and the weights' bytes in bfloat16."""
+    table = Table(title="real-model presets (engine: mlx_lm, random weights)")
+    for column in ("name", "layers", "KV per token", "vocab", "weights"):
+        table.add_column(column)
+    for name in models.PRESETS:
+        choice = models.ModelChoice(preset=name, path=None, layers=None, vocab=None,
+                                    dtype="bfloat16", bits=None, group_size=64)
+        g, weights = models.describe(choice)
+        kinds = {k: sum(layer.kind == k for layer in g.layers) for k in geometry.KINDS}
+        layers = " + ".join(f"{n} {k}" for k, n in kinds.items() if n)
+        table.add_row(name, layers, f"{g.token_bytes() / 1024:g} KiB", f"{g.vocab:,}",
+                      f"{weights / 2**30:.2f} GiB")
+    return table
 
 
 def _show(args: argparse.Namespace, console: Console) -> int:

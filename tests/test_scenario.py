@@ -173,3 +173,16 @@ def test_the_console_script_finds_import_path_components_in_the_current_folder(t
                           cwd=repo, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "out" / "import_path_leak" / "clean" / "summary.json").exists()
+
+
+def test_list_shows_the_real_model_presets_as_built(capsys, tmp_path):
+    """Layers, KV per token and weights come from the built model (unevaluated), so a preset
+    whose config drifts from its name shows it here."""
+    assert main(["list", "--dir", str(tmp_path)]) == 0
+    rows = {line.split("│")[1].strip(): [cell.strip() for cell in line.split("│")[2:-1]]
+            for line in capsys.readouterr().out.splitlines() if line.count("│") >= 5}
+    # Qwen3-0.6B: 28 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes = 112 KiB per token.
+    assert rows["qwen3-0.6b"] == ["28 full", "112 KiB", "151,936", "1.11 GiB"]
+    # The hybrid: every fourth layer is full attention, the others keep a recurrent state.
+    assert rows["qwen3.5-0.8b"][0] == "6 full + 18 recurrent"
+    assert rows["gemma-3-1b"][0] == "4 full + 22 sliding"
