@@ -3,12 +3,13 @@ its exact bytes, and its clean twin raises nothing, in one run and (slow) in ten
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
 
 from harness import detect, expect
-from harness.scenario import load_variants
+from harness.scenario import ScenarioSpec, load_variants
 from tests.conftest import serve
 
 CANARIES = Path(__file__).resolve().parent.parent / "scenarios" / "canaries.yaml"
@@ -38,9 +39,14 @@ BYTES = {
 }
 
 
-def spec(variant: str):
-    (loaded,) = load_variants(CANARIES, [variant])
-    return loaded.spec
+@functools.cache
+def specs() -> dict[str, ScenarioSpec]:
+    """Every variant's spec, loaded once (loading checks the stores in a spawned child)."""
+    return {v.name: v.spec for v in load_variants(CANARIES)}
+
+
+def spec(variant: str) -> ScenarioSpec:
+    return specs()[variant]
 
 
 def outcome(variant: str) -> tuple[dict, list[dict]]:
@@ -52,7 +58,7 @@ def outcome(variant: str) -> tuple[dict, list[dict]]:
 
 
 def test_every_variant_is_bundled_here():
-    assert {v.name for v in load_variants(CANARIES)} == set(VARIANTS)
+    assert set(specs()) == set(VARIANTS)
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
