@@ -347,6 +347,14 @@ _detect = _registered(DetectSpec, _thresholds_field)
 _expect = _registered(ExpectSpec, _presence_field)
 
 
+# Registry caches BatchGenerator can batch on the mlx_lm engine: one a sequence, merged into
+# BatchKVCache, BatchRotatingKVCache or PreallocatedBatchRotatingKVCache (a batch class named
+# directly merges as its single-sequence class); and those it cannot (no `merge`).
+_BATCHABLE = ("mlx_lm.KVCache", "mlx_lm.RotatingKVCache", "mlx_lm.BatchRotatingKVCache",
+              "reference.rotating", "reference.batch_rotating")
+_UNBATCHABLE = ("mlx_lm.QuantizedKVCache", "reference.turboquant")
+
+
 class ScenarioSpec(_Strict):
     name: Name
     description: Annotated[str, Field(strict=True)] = ""
@@ -391,9 +399,26 @@ class ScenarioSpec(_Strict):
         if model.window is not None:
             raise ValueError("model.window: the mlx_lm engine takes the window from the model")
         if self.workload.batch != 1:
-            raise ValueError("workload.batch: the mlx_lm engine serves one sequence at a time "
-                             "(batch: 1)")
+            self._check_batch()
         return self
+
+    def _check_batch(self) -> None:
+        """batch > 1 on the mlx_lm engine runs through mlx-lm's BatchGenerator: requests only,
+        no store or session, and layer caches it can batch (it merges one cache a sequence
+        with the cache class's `merge`)."""
+        if self.workload.chat is not None:
+            raise ValueError("workload.batch: the mlx_lm engine serves a chat one sequence at "
+                             "a time (batch: 1); batch > 1 serves requests")
+        for role in ("store", "session"):
+            if getattr(self.cache, role) is not None:
+                raise ValueError(f"cache.{role}: the mlx_lm engine serves batch > 1 through "
+                                 f"mlx-lm's BatchGenerator, without a {role} (use batch: 1)")
+        for role in ("layer", "sliding"):
+            name = getattr(self.cache, role).component
+            if name in _UNBATCHABLE:
+                raise ValueError(f"cache.{role}: {name} cannot be batched by mlx-lm's "
+                                 "BatchGenerator (it has no merge); with batch > 1 use "
+                                 + ", ".join(_BATCHABLE))
 
     def geometry(self) -> geo.Geometry:
         """Per layer, what the caches hold: on the mlx_lm engine read from the built model."""

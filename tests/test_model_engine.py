@@ -172,6 +172,117 @@ def test_a_rolling_chat_re_prefills_its_history_on_the_real_model():
     assert [f.kind for f in findings if f.kind in ("leak", "retained")] == []
 
 
+BATCH_BUFFER = 2 * 256 * TOKEN_BYTES  # BatchKVCache: 256 slots a step, for 2 sequences: 2 MiB
+
+
+def batch_spec(decode: int, **fields) -> ScenarioSpec:
+    return real_spec(workload={"prefill_chunk": 16, "batch": 2,
+                               "requests": [{"prompt": 40, "decode": decode}]}, **fields)
+
+
+def test_a_batch_is_served_by_batch_generator_one_row_per_chunk_and_per_decode_step():
+    _engine, frame, _findings, figures = serve(batch_spec(5))
+    # As one sequence: chunks of 16, 16, 7, then the first decode step also feeds the last
+    # prompt token; `tokens` counts each sequence's, `work` both sequences' K/V.
+    assert frame["phase"].tolist() == ["idle"] + ["prefill"] * 3 + ["decode"] * 5 + ["idle"]
+    assert frame["tokens"].tolist() == [0, 16, 32, 39, 41, 42, 43, 44, 45, 0]
+    assert frame["work"].tolist()[1:9] == [2 * t * TOKEN_BYTES for t in (16, 16, 7, 2, 1, 1, 1, 1)]
+    # The generator's BatchKVCache holds 256 slots for both sequences from the first chunk;
+    # decoding, it also holds this step's and the queued step's logits, a row each.
+    logical = frame["logical"].tolist()
+    assert logical[1:8] == [BATCH_BUFFER] * 3 + [BATCH_BUFFER + 2 * 2 * LOGITS] * 4
+    active = (frame["active"] - frame["active"].iloc[0]).tolist()
+    assert all(0 <= a - held < 4096 for a, held in zip(active[1:8], logical[1:8], strict=True))
+    assert figures["minimum"] == 2 * 45 * TOKEN_BYTES
+    assert figures["final"] == 0 and frame["collected"].sum() == 0
+
+
+def test_finished_sequences_caches_pin_the_whole_batch_buffer_until_dropped():
+    _engine, frame, findings, figures = serve(batch_spec(5))
+    last = frame[frame["phase"] == "decode"].iloc[-1]
+    # The finish responses carry each sequence's cache (BatchKVCache.extract: 45 tokens each)
+    # and this step's logits; the queued step's went with the generator's filter.
+    assert last["logical"] == 2 * 45 * TOKEN_BYTES + 2 * LOGITS
+    # Those caches are unevaluated mx.contiguous slices: they keep the batch buffer alive.
+    assert 0 <= last["active"] - frame["active"].iloc[0] - (BATCH_BUFFER + 2 * LOGITS) < 4096
+    assert 0 <= figures["retained"] - (BATCH_BUFFER - 2 * 45 * TOKEN_BYTES) < 4096
+    assert [f.steps for f in findings if f.kind == "retained"] == [[8]]
+    # Dropped with the generator at the end of the request: nothing stays, no cycle holds it.
+    assert figures["final"] == 0 and frame["collected"].sum() == 0
+
+
+def test_a_batch_without_decode_ends_with_its_last_prompt_token_and_takes_the_caches_back():
+    _engine, frame, _findings, figures = serve(batch_spec(0))
+    assert frame["phase"].tolist() == ["idle"] + ["prefill"] * 4 + ["idle"]
+    assert frame["tokens"].tolist() == [0, 16, 32, 39, 40, 0]
+    assert frame["work"].tolist()[4] == 2 * TOKEN_BYTES
+    assert frame["logical"].tolist()[4] == 2 * 40 * TOKEN_BYTES  # removed with their caches
+    assert figures["final"] == 0
+
+
+def test_a_batchs_sequences_are_distinct_and_drawn_from_the_seed():
+    spec = batch_spec(2)
+    prompt = np.arange(40)
+    first, second = create(spec, Probe()), create(spec, Probe())
+    rows = first._batch_prompts(prompt, 3)
+    assert rows == second._batch_prompts(prompt, 3)
+    assert rows[0] == prompt.tolist() and len(rows[1]) == 40 and rows[1] != rows[0]
+    assert first._batch_prompts(prompt, 4)[1] != rows[1]  # another request, other sequences
+
+
+@pytest.mark.parametrize("component, prefill", [
+    # BatchGenerator merges a sequence's RotatingKVCache into a BatchRotatingKVCache, which
+    # grows by the chunk; the reference cache allocates both rows' windows at the first chunk.
+    ("mlx_lm.RotatingKVCache", [2 * t * TOKEN_BYTES for t in (16, 32, 39)]),
+    ("mlx_lm.BatchRotatingKVCache", [2 * t * TOKEN_BYTES for t in (16, 32, 39)]),
+    ("reference.rotating", [2 * 64 * TOKEN_BYTES] * 3),
+])
+def test_named_rotating_caches_are_batched_and_hold_their_window(component, prefill):
+    spec = batch_spec(40, cache={"layer": {"component": component, "options": {"max_size": 64}}})
+    _engine, frame, findings, figures = serve(spec)
+    logical = frame["logical"].tolist()
+    assert logical[1:4] == prefill
+    # 80 tokens a sequence in a 64-slot window, with this step's and the queued step's logits.
+    assert logical[4:-2] == [2 * 64 * TOKEN_BYTES + 2 * 2 * LOGITS] * 39
+    assert logical[-2] == 2 * 64 * TOKEN_BYTES + 2 * LOGITS
+    assert figures["retained"] < 4096 and figures["final"] == 0
+    assert [f.kind for f in findings if f.kind in ("leak", "retained")] == []
+
+
+def test_a_hybrid_models_batch_decode_holds_each_recurrent_state_twice():
+    spec = real_spec(model={"preset": "qwen3.5-0.8b", "layers": 4, "vocab": 256},
+                     workload={"prefill_chunk": 16, "batch": 2,
+                               "requests": [{"prompt": 40, "decode": 4}]})
+    _engine, frame, _findings, figures = serve(spec)
+    # Batched, each GatedDeltaNet layer's new state is `mx.where(mask, updated, old)`, which
+    # the decode step's logits do not need: left unevaluated between steps, it holds the old
+    # and the updated state while reporting one (3 layers, 2 sequences, 16 float32 heads of
+    # 128 x 128). Its conv state, a lazy slice, pins one more token of the conv input (6,144
+    # bf16 channels a sequence), as it does unbatched. Prefill rows evaluate the caches.
+    states = 3 * 2 * 16 * 128 * 128 * 4
+    conv = 3 * 2 * 6144 * 2
+    rows = frame[frame["phase"] != "idle"]
+    extra = (rows["active"] - frame["active"].iloc[0] - rows["logical"]).tolist()
+    assert all(0 <= e < 4096 for e in extra[:3])
+    assert all(0 <= e - states - conv < 4096 for e in extra[3:-1])
+    assert figures["final"] < 64  # 2 bytes the model keeps after a first run, unbatched too
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"workload": {"batch": 2, "chat": {"turns": 1, "user": 8, "model": 2}}},
+     "workload.batch: the mlx_lm engine serves a chat one sequence at a time"),
+    ({"cache": {"store": {"component": "mlx_lm.LRUPromptCache"}}},
+     "cache.store: the mlx_lm engine serves batch > 1 through mlx-lm's BatchGenerator"),
+    ({"cache": {"session": {"component": "reference.chat"}}}, "cache.session: "),
+    ({"cache": {"layer": {"component": "mlx_lm.QuantizedKVCache"}}},
+     "cache.layer: mlx_lm.QuantizedKVCache cannot be batched"),
+])
+def test_batch_combinations_the_engine_cannot_serve_are_refused(fields, message):
+    fields.setdefault("workload", {"batch": 2, "requests": [{"prompt": 8}]})
+    with pytest.raises(ValueError, match=message.replace(".", r"\.").replace(">", ".")):
+        real_spec(**fields)
+
+
 def tiny_llama_folder(path):
     config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
               "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
