@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from harness import detect, expect
-from harness.run.engine import Engine
+from harness.run.engine import Engine, create
 from harness.run.probe import Probe, to_frame
 from harness.scenario import ScenarioSpec
 
@@ -22,17 +22,24 @@ def make_spec(**fields) -> ScenarioSpec:
     return ScenarioSpec.model_validate(fields)
 
 
-def serve(spec: ScenarioSpec) -> tuple[pd.DataFrame, list[detect.Finding], dict]:
-    """Run a spec in this process; samples, findings and metrics."""
+def serve_with_engine(spec: ScenarioSpec) -> tuple[Engine, pd.DataFrame, list[detect.Finding], dict]:
+    """Run a spec in this process on the engine it names; the engine (closed), samples,
+    findings and metrics."""
     probe = Probe()
-    engine = Engine(spec, probe)
+    engine = create(spec, probe)
     try:
         engine.serve()
     finally:
         engine.close()
     frame = to_frame(probe.rows())
     findings = detect.detect(frame, spec.detect, "cpu")
-    return frame, findings, expect.metrics(frame, findings, spec.detect)
+    return engine, frame, findings, expect.metrics(frame, findings, spec.detect)
+
+
+def serve(spec: ScenarioSpec) -> tuple[pd.DataFrame, list[detect.Finding], dict]:
+    """Run a spec in this process; samples, findings and metrics."""
+    _engine, frame, findings, figures = serve_with_engine(spec)
+    return frame, findings, figures
 
 
 def kinds_and_failures(spec: ScenarioSpec) -> tuple[set[str], list[dict]]:

@@ -12,12 +12,13 @@ import pytest
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 from mlx_lm.utils import _get_classes, save_config, save_model
 
-from harness import detect, expect, models
+from harness import models
 from harness.run.engine import create
 from harness.run.isolation import estimate_bytes
 from harness.run.model_engine import ModelEngine
-from harness.run.probe import Probe, to_frame
+from harness.run.probe import Probe
 from harness.scenario import ScenarioSpec
+from tests.conftest import serve_with_engine as serve
 
 TINY = {"preset": "qwen3-0.6b", "layers": 1, "vocab": 256}
 # One layer: embedding 256 x 1024, q/k/v/o, MLP, two head norms and three RMS norms, in bf16.
@@ -32,18 +33,6 @@ def real_spec(**fields) -> ScenarioSpec:
     fields.setdefault("engine", "mlx_lm")
     fields.setdefault("model", TINY)
     return ScenarioSpec.model_validate(fields)
-
-
-def serve(spec: ScenarioSpec):
-    probe = Probe()
-    engine = create(spec, probe)
-    try:
-        engine.serve()
-    finally:
-        engine.close()
-    frame = to_frame(probe.rows())
-    findings = detect.detect(frame, spec.detect, "cpu")
-    return engine, frame, findings, expect.metrics(frame, findings, spec.detect)
 
 
 def test_weights_are_counted_before_evaluation_and_sit_under_the_baseline():
