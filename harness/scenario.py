@@ -115,7 +115,6 @@ class LayerGroup(_Strict):
         return self
 
 
-
 def _known_preset(name: str | None) -> str | None:
     """A geometry preset (synthetic engine) or an mlx-lm config preset (mlx_lm engine); which
     engine may use which is checked with the engine (ScenarioSpec._check_engine)."""
