@@ -18,23 +18,24 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-from . import geometry, models
+from . import console as term
 from .components import import_paths
-from .gate import baseline, noise
-from .gate.compare import METRICS, CompareError, Comparison, compare, fraction, head_failed, size
-from .gate.history import DEFAULT_METRICS, FORMATS, load_runs, render_benchmark, write_history
+from .files import atomic_text
+from .gate import baseline
+from .gate.compare import CompareError, Comparison, compare, fraction, head_failed, size
+from .gate.history import DEFAULT_METRICS, EXPORTERS, load_runs, write_history
 from .gate.render import RENDERERS, render_text
+from .metrics import gated
 from .report import ReportError
 from .requirements import bound_warnings
+from .run import repeat
 from .run.isolation import DEFAULT_TIMEOUT
 from .run.merge import merge
 from .run.schedule import parse_shard, shard
-from .run.suite import exit_status, run_repeated, run_variants, table
+from .run.suite import run_variants
 from .scenario import ScenarioError, Variant, discover, load_variants
-from .summary_io import Summary, SummaryError, atomic_text, checked, finite, load_summaries
-from .units import mib
+from .summary import Summary, SummaryError, checked, exit_status, load_summaries
 
 BAD_INPUT = (ScenarioError, ReportError, SummaryError, CompareError)
 DEFAULT_SCENARIOS = Path("scenarios")
@@ -54,7 +55,7 @@ def _variants(paths: Sequence[str | Path], only: list[str] | None = None,
         caches = [v.spec.cache for v in variants]
         parts = [c for cache in caches for c in (cache.layer, cache.sliding, cache.store,
                                                   cache.session) if c is not None]
-        _warn(console, bound_warnings(import_paths(parts)))
+        term.warn(console, bound_warnings(import_paths(parts)))
     return variants
 
 
@@ -65,86 +66,33 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         console.print(f"shard {args.shard[0]}/{args.shard[1]}: {len(variants)} variant(s)",
                       highlight=False)
     summaries = run_variants(variants, Path(args.out), console, args.timeout, args.jobs)
-    console.print(table(summaries))
+    console.print(term.results(summaries))
     console.print(f"reports written under {args.out}/")
     return exit_status(summaries)
 
 
 def _merge(args: argparse.Namespace, console: Console) -> int:
     summaries = merge([Path(p) for p in args.folders], Path(args.out), console)
-    console.print(table(summaries))
+    console.print(term.results(summaries))
     console.print(f"merged {len(summaries)} variant(s) from {len(args.folders)} folder(s) "
                   f"into {args.out}/", highlight=False)
     return exit_status(summaries)
 
 
 def _list(args: argparse.Namespace, console: Console) -> int:
-    scenarios = Table(title=f"scenarios in {args.dir}/")
-    for column in ("file", "variants", "description"):
-        scenarios.add_column(column)
-    folder = Path(args.dir)
-    for path in discover([folder]) if folder.is_dir() else []:
-        try:
-            variants = load_variants(path)
-            first_sentence = variants[0].spec.description.split(". ")[0].rstrip(".")
-            scenarios.add_row(escape(path.name), escape(", ".join(v.name for v in variants)),
-                              escape(first_sentence))
-        except ScenarioError as exc:
-            scenarios.add_row(escape(path.name), "[red]invalid[/red]", escape(str(exc)))
-    console.print(scenarios)
-    presets = Table(title="model presets")
-    for column in ("name", "layers", "KV per token", "vocab"):
-        presets.add_column(column)
-    for name in geometry.PRESETS:
-        g = geometry.preset(name)
-        kinds = {k: sum(layer.kind == k for layer in g.layers) for k in geometry.KINDS}
-        layers = " + ".join(f"{n} {k}" for k, n in kinds.items() if n)
-        presets.add_row(name, layers, f"{g.token_bytes() / 1024:g} KiB", f"{g.vocab:,}")
-    console.print(presets)
-    console.print(_model_presets())
+    console.print(term.scenarios(Path(args.dir)))
+    console.print(term.geometry_presets())
+    console.print(term.model_presets())
     return 0
-
-
-def _model_presets() -> Table:
-    """The mlx_lm engine's presets: layers, KV per token and vocabulary as the built model
-    has them (read without evaluating it), and the weights' bytes in bfloat16."""
-    table = Table(title="real-model presets (engine: mlx_lm, random weights)")
-    for column in ("name", "layers", "KV per token", "vocab", "weights"):
-        table.add_column(column)
-    for name in models.PRESETS:
-        choice = models.ModelChoice(preset=name, path=None, layers=None, vocab=None,
-                                    dtype="bfloat16", bits=None, group_size=64)
-        g, weights = models.describe(choice)
-        kinds = {k: sum(layer.kind == k for layer in g.layers) for k in geometry.KINDS}
-        layers = " + ".join(f"{n} {k}" for k, n in kinds.items() if n)
-        table.add_row(name, layers, f"{g.token_bytes() / 1024:g} KiB", f"{g.vocab:,}",
-                      f"{weights / 2**30:.2f} GiB")
-    return table
 
 
 def _show(args: argparse.Namespace, console: Console) -> int:
     """Print summaries; a file that is not one is bad input naming the file and the field."""
-    summaries = [s.data for s in load_summaries(args.report)]
+    summaries = load_summaries(args.report)
     if not summaries:
         raise SummaryError(f"{args.report}: no summary.json found")
-    console.print(table(summaries))
-    for s in summaries:
-        for f in s.get("findings", []):
-            console.print(f"  {escape(s['scenario'])}/{escape(s['variant'])}: "
-                          f"[bold]{escape(f['kind'])}[/bold] {escape(f['message'])}")
-        model = s.get("model")
-        if isinstance(model, dict) and finite(model.get("weights")):
-            console.print(f"  {escape(s['scenario'])}/{escape(s['variant'])}: model "
-                          f"{escape(str(model.get('name')))} ({escape(str(model.get('engine')))}, "
-                          f"{escape(str(model.get('layers')))} layers): weights "
-                          f"{mib(model['weights'], 1)} MiB, KV minimum "
-                          f"{mib(s['metrics'].get('minimum'), 1)} MiB")
-        stats = s.get("store_stats")
-        if isinstance(stats, dict) and stats:
-            console.print(f"  {escape(s['scenario'])}/{escape(s['variant'])}: store "
-                          + escape(", ".join(f"{k} {v}" for k, v in stats.items())))
-        if s.get("noise"):
-            console.print(noise.table([s]))
+    console.print(term.results(summaries))
+    term.details(console, summaries)
     return exit_status(summaries)
 
 
@@ -154,9 +102,9 @@ def _tolerance_flags(args: argparse.Namespace) -> tuple[dict[str, float], dict[s
         parsed = {}
         for pair in pairs:
             name, sep, value = pair.partition("=")
-            if not sep or name not in METRICS:
+            if not sep or name not in gated():
                 raise CompareError(f"{flag} {pair}: expected METRIC=VALUE with METRIC among "
-                                   f"{', '.join(METRICS)}")
+                                   f"{', '.join(gated())}")
             parsed[name] = convert(value)
         return parsed
 
@@ -213,17 +161,11 @@ def _suite_summaries(args: argparse.Namespace, console: Console) -> list[Summary
         return summaries
     variants, reports = _variants(args.paths or ["scenarios"], console=console), Path(args.reports)
     if runs > 1:
-        results = run_repeated(variants, runs, reports, console, args.jobs)
-        _warn(console, noise.warnings(results))
+        results = repeat.run_repeated(variants, runs, reports, console, args.jobs)
+        term.warn(console, repeat.warnings(results))
     else:
         results = run_variants(variants, reports, console, jobs=args.jobs)
-    return [checked(Summary(reports / r["scenario"] / r["variant"] / "summary.json", r))
-            for r in results]
-
-
-def _warn(console: Console, lines: list[str]) -> None:
-    for line in lines:
-        console.print(f"[bold red]warning:[/bold red] {escape(line)}", highlight=False)
+    return [checked(r) for r in results]
 
 
 def _baseline_update(args: argparse.Namespace, console: Console) -> int:
@@ -240,8 +182,8 @@ def _baseline_update(args: argparse.Namespace, console: Console) -> int:
     for change in result.written:
         reasons = f" ({escape(', '.join(change.reasons))})" if change.reasons else ""
         console.print(f"{change.action} {label(change.summary)}{reasons}", highlight=False)
-        if not baseline.passed(change.summary):
-            _warn(errors, [f"{change.summary.label}: recorded although its expectations failed "
+        if not change.summary.passed:
+            term.warn(errors, [f"{change.summary.label}: recorded although its expectations failed "
                            "(--allow-failed)"])
     if result.kept:
         console.print(f"kept {len(result.kept)} unchanged", highlight=False)
@@ -263,11 +205,11 @@ def _baseline_check(args: argparse.Namespace, console: Console) -> int:
 def _noise(args: argparse.Namespace, console: Console) -> int:
     """Exit 2 when a run did not complete, 1 when exact metrics differed or an expectation
     failed in some run, else 0."""
-    summaries = run_repeated(_variants(args.paths, args.variant, console), args.runs, Path(args.out),
-                             console, args.jobs)
-    console.print(noise.table(summaries))
-    found = noise.warnings(summaries)
-    _warn(console, found)
+    summaries = repeat.run_repeated(_variants(args.paths, args.variant, console), args.runs,
+                                    Path(args.out), console, args.jobs)
+    console.print(term.noise(summaries))
+    found = repeat.warnings(summaries)
+    term.warn(console, found)
     console.print(f"reports written under {args.out}/ (the median run of each variant); record "
                   f"them with `kvmem baseline update --from {args.out}`", highlight=False)
     return max(exit_status(summaries), 1 if found else 0)
@@ -278,10 +220,10 @@ def _export(args: argparse.Namespace, console: Console) -> int:
     summaries = [s for report in args.reports for s in load_summaries(report)]
     if not summaries:
         raise SummaryError(f"{', '.join(args.reports)}: no summaries found")
-    text = render_benchmark(summaries)
+    text = EXPORTERS[args.format](summaries)
     left_out = [s.label for s in summaries if not s.ok]
     if left_out:
-        _warn(Console(stderr=True, soft_wrap=True),
+        term.warn(Console(stderr=True, soft_wrap=True),
               [f"left out {len(left_out)} runs that did not complete: {', '.join(left_out)}"])
     if not args.out:
         sys.stdout.write(text)
@@ -314,8 +256,9 @@ def _history_parsers(sub: argparse._SubParsersAction) -> None:
         "export", help="write the summaries' gated metrics as a benchmark feed (JSON)")
     export.add_argument("reports", nargs="+", metavar="REPORTS",
                         help="report folders, summary files or baselines folders")
-    export.add_argument("--format", choices=FORMATS, default=FORMATS[0],
-                        help="github-action-benchmark's customSmallerIsBetter list (default)")
+    export.add_argument("--format", choices=tuple(EXPORTERS), default=next(iter(EXPORTERS)),
+                        help="the feed's format (default: github-action-benchmark's "
+                             "customSmallerIsBetter list)")
     export.add_argument("--out", help="write the JSON to FILE instead of stdout")
     export.set_defaults(handler=_export)
     history = sub.add_parser(
@@ -323,7 +266,7 @@ def _history_parsers(sub: argparse._SubParsersAction) -> None:
     history.add_argument("dirs", nargs="+", metavar="DIR",
                          help="report or baselines folders, oldest first")
     history.add_argument("--out", required=True, help="folder for the PNGs")
-    history.add_argument("--metric", action="append", choices=METRICS,
+    history.add_argument("--metric", action="append", choices=gated(),
                          help=f"a metric to plot (repeatable; default: {', '.join(DEFAULT_METRICS)})")
     history.set_defaults(handler=_history)
 
@@ -395,10 +338,10 @@ def parser() -> argparse.ArgumentParser:
         "noise", help="run each variant N times and report the spread of peak and spike")
     noisy.add_argument("paths", nargs="+", help="scenario YAML files or folders of them")
     noisy.add_argument("--variant", action="append", help="run only this variant (repeatable)")
-    noisy.add_argument("--runs", type=_runs(2), default=noise.DEFAULT_RUNS, metavar="N",
-                       help=f"runs per variant (default: {noise.DEFAULT_RUNS})")
-    noisy.add_argument("--out", default=noise.DEFAULT_OUT,
-                       help=f"report folder for the median runs (default: {noise.DEFAULT_OUT})")
+    noisy.add_argument("--runs", type=_runs(2), default=repeat.DEFAULT_RUNS, metavar="N",
+                       help=f"runs per variant (default: {repeat.DEFAULT_RUNS})")
+    noisy.add_argument("--out", default=repeat.DEFAULT_OUT,
+                       help=f"report folder for the median runs (default: {repeat.DEFAULT_OUT})")
     _jobs_option(noisy)
     noisy.set_defaults(handler=_noise)
     _history_parsers(sub)

@@ -11,34 +11,41 @@ from __future__ import annotations
 import pandas as pd
 
 from .detect import DETECTORS, Finding, Presence, spike_ratios, transients
+from .metrics import METRICS
 from .scenario import DetectSpec, ExpectSpec, SpikeBound
 
 
+class Samples:
+    """A completed run's samples, with what several metrics share (harness.metrics.METRICS)."""
+
+    def __init__(self, frame: pd.DataFrame, findings: list[Finding], thresholds: DetectSpec):
+        self.frame: pd.DataFrame = frame
+        self.findings: list[Finding] = findings
+        self.base: int = int(frame["active"].iloc[0])
+        decode = frame[frame["phase"] == "decode"]
+        self.steady_row: pd.Series = decode.iloc[-1] if not decode.empty else frame.iloc[-1]
+        self.steady: int = int(self.steady_row["active"]) - self.base
+        self.minimum: int = int(self.steady_row["minimum"])
+        self.excess: pd.Series = transients(frame)  # each step's transient above its input
+        self._spike_floor: int = thresholds.spike.min_bytes
+
+    @property
+    def spike_ratio(self) -> float:
+        """The largest spike's peak over what the step settled at, among spikes above the floor."""
+        big = self.excess > self._spike_floor
+        return round(float(spike_ratios(self.frame)[big].max()), 4) if big.any() else 1.0
+
+    @property
+    def leak_rate(self) -> int:
+        leaks = [f.bytes for f in self.findings if f.kind == "leak"]
+        return leaks[0] if leaks else 0
+
+
 def metrics(frame: pd.DataFrame, findings: list[Finding], thresholds: DetectSpec) -> dict:
-    """Summary figures, in bytes above the baseline unless named otherwise."""
-    base = int(frame["active"].iloc[0])
-    decode = frame[frame["phase"] == "decode"]
-    steady_row = decode.iloc[-1] if not decode.empty else frame.iloc[-1]
-    steady = int(steady_row["active"]) - base
-    minimum = int(steady_row["minimum"])
-    excess = transients(frame)
-    big = excess > thresholds.spike.min_bytes
-    leaks = [f.bytes for f in findings if f.kind == "leak"]
-    return {
-        "baseline": base,
-        "peak": int(frame["peak"].max()) - base,
-        "steady": steady,
-        "final": int(frame["active"].iloc[-1]) - base,
-        "largest_spike": max(int(excess.max()), 0),
-        "spike_ratio": round(float(spike_ratios(frame)[big].max()), 4) if big.any() else 1.0,
-        "leak_rate": leaks[0] if leaks else 0,   # unreported memory at rest, per request or turn
-        "retained": max(int((frame["active"] - base - frame["logical"]).max()), 0),
-        "rss_peak": int(frame["rss"].max()),
-        "minimum": minimum,
-        "overhead_ratio": round(steady / minimum, 4) if minimum else None,
-        "tokens": int(steady_row["tokens"]),
-        "steps": len(frame),
-    }
+    """Summary figures, in bytes above the baseline unless named otherwise: every registered
+    metric, in the registry's order."""
+    samples = Samples(frame, findings, thresholds)
+    return {name: metric.compute(samples) for name, metric in METRICS.items()}
 
 
 def _presence(name: str, expected: Presence, findings: list[Finding]) -> dict:

@@ -65,8 +65,8 @@ class KVProbe:
     def leak_rate(self, warmup: int) -> int:
         """Bytes per checkpoint, or 0 when memory at rest does not keep rising."""
         from harness.detect import LeakThresholds, leak
+        from harness.environment import backend
         from harness.run.probe import to_frame
-        from harness.summary_io import backend
 
         at_rest = to_frame(self._probe.rows()[:-1])      # the start and the checkpoints
         found = leak(at_rest, LeakThresholds(warmup=warmup, min_bytes=1), backend())

@@ -7,7 +7,6 @@ crash or a bad later input never leaves half a report, nor destroys one already 
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import shutil
 import tempfile
@@ -24,7 +23,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from .detect import DETECTORS, Finding, Marker
-from .summary_io import UMASK, atomic_write
+from .files import UMASK, atomic_write
+from .summary import Summary
 
 LOCK_NAME = ".kvmem.lock"
 SERIES_POINTS = 64
@@ -136,7 +136,7 @@ def reserve(out: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def write_variant(out: Path, frame: pd.DataFrame, summary: dict,
+def write_variant(out: Path, frame: pd.DataFrame, summary: Summary,
                   findings: list[Finding]) -> None:
     """samples.csv, summary.json and (for a run with samples) memory.png into `out`, as a unit.
 
@@ -148,10 +148,9 @@ def write_variant(out: Path, frame: pd.DataFrame, summary: dict,
     try:
         frame.to_csv(staging / "samples.csv", index=False)
         if not frame.empty:
-            title = (f"{summary['scenario']} / {summary['variant']} "
-                     f"({summary['environment']['backend']})")
+            title = f"{summary.scenario} / {summary.variant} ({summary.backend})"
             plot_variant(frame, findings, title, staging / "memory.png")
-        (staging / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (staging / "summary.json").write_text(summary.to_json())
         os.chmod(staging, 0o777 & ~UMASK)
         swap_into_place(staging, out)
     except BaseException:

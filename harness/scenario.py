@@ -33,7 +33,7 @@ from . import models
 from .components import Binding
 from .components import check as check_components
 from .detect import DETECTORS, Detector, Presence
-from .metrics import METRICS
+from .metrics import gated
 from .units import Size
 
 
@@ -135,7 +135,7 @@ if TYPE_CHECKING:  # what the tagged unions validate to, for the type checker
     MetricName = str
 else:
     LayerCut = _tagged(scalar=Layers, list=list[LayerGroup])
-    MetricName = Literal[METRICS]  # one member per gated metric
+    MetricName = Literal[tuple(gated())]  # one member per gated metric
 
 
 class QuantizeSpec(_Strict):

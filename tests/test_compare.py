@@ -10,7 +10,7 @@ import pytest
 from harness.cli import main
 from harness.gate import compare as cmp
 from harness.gate.render import COMMENT_LIMIT, MARKER, render_markdown, sparkline
-from harness.summary_io import Noise, Summary, load_summaries
+from harness.summary import Noise, load_summaries, parse
 from harness.units import format_bytes
 from tests.summaries import TRIM_SCENARIO, MiB, summary, write
 
@@ -38,8 +38,8 @@ def suites(tmp_path, base: list[dict], head: list[dict]) -> tuple[str, str]:
 
 def pair(base: dict, head: dict) -> cmp.Comparison:
     from pathlib import Path
-    return cmp.compare([Summary(Path("base.json"), base)],
-                       [Summary(Path("head.json"), head)])
+    return cmp.compare([parse(Path("base.json"), base)],
+                       [parse(Path("head.json"), head)])
 
 
 def verdicts(comparison: cmp.Comparison) -> dict[str, str]:
@@ -247,9 +247,9 @@ def test_format_bytes():
 
 def test_comment_for_many_changed_rows_stays_under_the_cap():
     from pathlib import Path
-    base = [Summary(Path(f"b{i}"), summary(f"scenario_{i:03d}", "variant_with_a_long_name"))
+    base = [parse(Path(f"b{i}"), summary(f"scenario_{i:03d}", "variant_with_a_long_name"))
             for i in range(400)]
-    head = [Summary(Path(f"h{i}"), summary(
+    head = [parse(Path(f"h{i}"), summary(
         f"scenario_{i:03d}", "variant_with_a_long_name", peak=50 * MiB, steady=9 * MiB,
         final=2 * MiB, retained=1 * MiB, leak_rate=4096, largest_spike=9 * MiB,
         rss_peak=900 * MiB, overhead_ratio=2.0)) for i in range(400)]
@@ -264,7 +264,7 @@ def test_comment_for_many_changed_rows_stays_under_the_cap():
 
 def test_a_first_run_lists_new_variants_in_one_short_line():
     from pathlib import Path
-    head = [Summary(Path(f"h{i}"), summary(f"s{i:02d}", "v")) for i in range(30)]
+    head = [parse(Path(f"h{i}"), summary(f"s{i:02d}", "v")) for i in range(30)]
     text = render_markdown(cmp.compare([], head))
     assert text.splitlines()[1:4] == ["### ⚠️ kvmem: nothing compared; 30 new", "",
                                       "> ⚠️ the base has no summaries: every variant is new"]
@@ -602,7 +602,7 @@ def test_overflowing_options_are_bad_input(tmp_path, capsys, argv, message):
     ({"peak": {"rel": [0.1]}}, "compare.peak: not a fraction: [0.1]"),
     ({"peak": 4}, "compare.peak: expected a metric among"),
     ({"peek": {"rel": 0.1}}, "compare.peek: expected a metric among"),
-    ([1], "compare: expected an object of metric tolerances"),
+    ([1], "not a valid summary (compare: expected an object of metric tolerances"),
 ])
 def test_bad_tolerances_in_a_summary_are_bad_input(tmp_path, capsys, spec, message):
     base, head = suites(tmp_path, [summary("s", "v")], [summary("s", "v")])
@@ -698,8 +698,8 @@ def test_a_measured_spread_is_never_scaled_down_and_a_set_floor_is_used_as_writt
     assert (tight.tolerance.abs, tight.tolerance.size, tight.verdict) == \
         (64 * 1024, None, "regression")
     from pathlib import Path
-    flagged = cmp.compare([Summary(Path("b"), summary("s", "v", peak=small))],
-                          [Summary(Path("h"), summary("s", "v", peak=small + 3 * MiB))],
+    flagged = cmp.compare([parse(Path("b"), summary("s", "v", peak=small))],
+                          [parse(Path("h"), summary("s", "v", peak=small + 3 * MiB))],
                           abs_={"peak": 4 * MiB}).entries[0].deltas[0]
     assert (flagged.tolerance.abs, flagged.verdict) == (4 * MiB, "unchanged")
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 
 from rich.console import Console
 
 from harness.cli import main
-from harness.gate.noise import block, combine, table, warnings
+from harness.console import noise as table
+from harness.run.repeat import block, combine, warnings
+from harness.summary import Summary, parse
 from tests.summaries import MiB, summary
 
 # One layer, one short request: a run takes about a second, most of it the child's imports.
@@ -21,44 +24,53 @@ variants: {only: {}}
 """
 
 
-def runs(*peaks: int, **metrics) -> list[dict]:
-    return [summary("s", "v", peak=p, **metrics) for p in peaks]
+def runs(*peaks: int, **metrics) -> list[Summary]:
+    return typed([summary("s", "v", peak=p, **metrics) for p in peaks])
+
+
+def typed(measured: list[dict]) -> list[Summary]:
+    """Each run's summary as run_variants gives it: run i's report is under run{i}/."""
+    return [parse(Path(f"run{i}"), data) for i, data in enumerate(measured)]
+
+
+def chosen(result: Summary) -> int:
+    return int(result.path.name.removeprefix("run"))
 
 
 def test_the_median_run_stands_for_the_variant_with_the_spread():
     measured = runs(312 * MiB, 304 * MiB, 312 * MiB, 313 * MiB, 312 * MiB)
-    chosen, result = combine(measured)
-    assert chosen == 2          # peaks in order: 304 (run 1), 312 (runs 0, 2, 4), 313 (run 3)
-    assert result["metrics"]["peak"] == 312 * MiB
-    assert result["noise"] == {
+    result = combine(measured)
+    assert chosen(result) == 2  # peaks in order: 304 (run 1), 312 (runs 0, 2, 4), 313 (run 3)
+    assert result.metrics["peak"] == 312 * MiB
+    assert result.raw["noise"] == {
         "runs": 5,
         "peak": {"min": 304 * MiB, "max": 313 * MiB, "spread": 9 * MiB,
                  "values": [312 * MiB, 304 * MiB, 312 * MiB, 313 * MiB, 312 * MiB]},
         "largest_spike": {"min": MiB, "max": MiB, "spread": 0, "values": [MiB] * 5},
         "nondeterministic": {}, "passed": 5}
-    assert {k: v for k, v in result.items() if k != "noise"} == measured[2]
-    assert combine(runs(12 * MiB, 10 * MiB))[0] == 1          # even count: the lower middle
+    assert {k: v for k, v in result.raw.items() if k != "noise"} == measured[2].raw
+    assert chosen(combine(runs(12 * MiB, 10 * MiB))) == 1     # even count: the lower middle
 
 
 def test_a_run_that_did_not_complete_fails_the_measurement():
-    measured = runs(10 * MiB, 10 * MiB, 10 * MiB)
+    measured = [summary("s", "v", peak=10 * MiB) for _ in range(3)]
     measured[1] = summary("s", "v", status="failed")
-    chosen, result = combine(measured)
-    assert (chosen, result["status"], result["error"]) == (1, "failed",
-                                                           "run 2 of 3: child died with signal 11")
-    assert "noise" not in result
+    result = combine(typed(measured))
+    assert (chosen(result), result.status, result.error) == (
+        1, "failed", "run 2 of 3: child died with signal 11")
+    assert "noise" not in result.raw
     measured[1] = {**summary("s", "v"), "metrics": {"wall_s": 0.2, "estimate": 1}}
-    chosen, result = combine(measured)
-    assert (chosen, result["status"], result["passed"]) == (1, "failed", False)
-    assert result["error"].startswith("run 2 of 3: status ok but metrics lack peak, steady")
+    result = combine(typed(measured))
+    assert (chosen(result), result.status, result.passed) == (1, "failed", False)
+    assert result.error.startswith("run 2 of 3: status ok but metrics lack peak, steady")
 
 
 def test_exact_metrics_that_differ_are_said_loudly():
-    measured = runs(10 * MiB, 10 * MiB, 10 * MiB)
+    measured = [summary("s", "v", peak=10 * MiB) for _ in range(3)]
     measured[2] = summary("s", "v", peak=10 * MiB, steady=8 * MiB + 512)
     measured[0]["passed"] = False
-    result = combine(measured)[1]
-    assert result["noise"]["nondeterministic"] == {"steady": {
+    result = combine(typed(measured))
+    assert result.raw["noise"]["nondeterministic"] == {"steady": {
         "min": 8 * MiB, "max": 8 * MiB + 512, "spread": 512,
         "values": [8 * MiB, 8 * MiB, 8 * MiB + 512]}}
     assert warnings([result]) == [
@@ -66,10 +78,11 @@ def test_exact_metrics_that_differ_are_said_loudly():
          "identical run to run; this is a real nondeterminism, not noise"),
         "s/v: expectations held in 2 of 3 runs"]
     text = io.StringIO()
-    Console(file=text, width=200).print(table([result, summary("s", "w", status="failed")]))
+    failed = parse(Path("w"), summary("s", "w", status="failed"))
+    Console(file=text, width=200).print(table([result, failed]))
     assert "DIFFER: steady" in text.getvalue()
     assert "failed: child died with signal 11" in text.getvalue()
-    assert warnings([combine(runs(MiB, MiB))[1]]) == []
+    assert warnings([combine(runs(MiB, MiB))]) == []
     assert block(runs(MiB, 3 * MiB))["peak"]["spread"] == 2 * MiB
 
 

@@ -94,8 +94,8 @@ def test_variants_that_do_not_fit_together_never_serve_at_once(suite):
     available = max(estimates.values()) + 2**20  # room for either, never for both
     scheduler = Scheduler(2, lambda: available)
     summaries = run_variants([first, second], suite / "scarce", jobs=2, scheduler=scheduler)
-    assert [s["status"] for s in summaries] == ["ok", "ok"]
-    assert [s["variant"] for s in summaries] == ["short", "long"]
+    assert [s.status for s in summaries] == ["ok", "ok"]
+    assert [s.variant for s in summaries] == ["short", "long"]
 
     starts = {e.label: e.at for e in scheduler.log if e.event == "start"}
     ends = {e.label: e.at for e in scheduler.log if e.event == "end"}

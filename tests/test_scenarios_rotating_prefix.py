@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from harness.environment import environment
 from harness.run.isolation import execute
 from harness.run.suite import summarize
 from harness.scenario import ScenarioSpec
 from harness.scenario import load_variants as load
-from harness.summary_io import environment
 from tests.conftest import kinds_and_failures
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
@@ -87,5 +87,5 @@ def test_a_clean_quantized_prefix_cache_raises_no_host_memory_finding():
     the heap glibc keeps after those frees is not memory held outside MLX."""
     (scenario,) = load(SCENARIOS / PREFIX, ["fix69"])
     _, findings, summary = summarize(execute(scenario), environment())
-    assert summary["status"] == "ok"
+    assert summary.status == "ok"
     assert "host_memory" not in {f.kind for f in findings}

@@ -17,13 +17,13 @@ timed out) never, one whose expectations failed only with `allow_failed`.
 
 from __future__ import annotations
 
-import json
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
+from ..files import atomic_text
 from ..metrics import NOISY
-from ..summary_io import Summary, SummaryError, atomic_text, checked, load_summaries, read_summary
+from ..summary import Summary, SummaryError, checked, load_summaries, read_summary
 from ..units import format_bytes
 from .compare import COMPARED, CompareError, compare, policy_changes, tolerances
 from .render import format_value
@@ -48,8 +48,8 @@ def unsafe_name(component: object) -> str | None:
 
 def baseline_path(root: Path, summary: Summary) -> Path:
     """`root/<backend>/<scenario>/<variant>.json`; refuses names that would leave `root`."""
-    parts = {"environment.backend": summary.backend, "scenario": summary.data["scenario"],
-             "variant": summary.data["variant"]}
+    parts = {"environment.backend": summary.backend, "scenario": summary.scenario,
+             "variant": summary.variant}
     for part, value in parts.items():
         reason = unsafe_name(value)
         if reason:
@@ -78,25 +78,14 @@ class Update:
     refused: list[tuple[Summary, str]] = field(default_factory=list)
 
 
-def failed_expectations(summary: Summary) -> list[dict]:
-    return [e for e in summary.data.get("expectations") or [] if not e["ok"]]
-
-
-def passed(summary: Summary) -> bool:
-    """Whether a completed run met its expectations (`passed`, else every expectation ok)."""
-    recorded = summary.data.get("passed")
-    return recorded if isinstance(recorded, bool) else not failed_expectations(summary)
-
-
 def refusal(summary: Summary, allow_failed: bool) -> str | None:
     """Why a run cannot be a baseline, or None: it did not complete (never recorded), or its
     expectations failed (recorded only with `allow_failed`)."""
     if not summary.ok:
-        error = (summary.data.get("error") or "").strip().splitlines()
-        return f"{summary.data['status']} ({error[0] if error else 'no error recorded'})"
-    if not allow_failed and not passed(summary):
-        failed = "; ".join(f"{e.get('name')}: expected {e.get('expected')}, got {e.get('actual')}"
-                           for e in failed_expectations(summary)) or "passed: false"
+        error = (summary.error or "").strip().splitlines()
+        return f"{summary.status} ({error[0] if error else 'no error recorded'})"
+    if not allow_failed and not summary.passed:
+        failed = "; ".join(e.describe() for e in summary.failed_expectations) or "passed: false"
         return f"expectations failed ({failed}); record it anyway with --allow-failed"
     return None
 
@@ -124,7 +113,7 @@ def _reasons(old_path: Path, new: Summary) -> list[str]:
     except (SummaryError, CompareError) as exc:
         return [f"replaces an unreadable baseline: {exc}"]
     if not old.ok or old.key != new.key or old.backend != new.backend:
-        return [f"replaces a baseline of {old.label} with status {old.data['status']}"]
+        return [f"replaces a baseline of {old.label} with status {old.status}"]
     entry = compare([old], [new]).entries[0]
     if entry.state != COMPARED:
         return [entry.note or entry.state]
@@ -154,7 +143,7 @@ def store(summaries: list[Summary], root: Path, allow_failed: bool = False) -> U
             result.kept.append(summary)
     for change in planned:
         try:
-            atomic_text(change.path, json.dumps(change.summary.data, indent=2) + "\n")
+            atomic_text(change.path, change.summary.to_json())
         except OSError as exc:
             raise CompareError(f"{change.path}: cannot write: {exc.strerror or exc}") from None
         result.written.append(change)
@@ -172,6 +161,6 @@ def load_baselines(root: Path, head: list[Summary], partial: bool) -> list[Summa
                                "with `python -m harness baseline update`)")
         base += load_summaries(folder)
     if partial:
-        ran = {s.data["scenario"] for s in head}
-        base = [s for s in base if s.data["scenario"] in ran]
+        ran = {s.scenario for s in head}
+        base = [s for s in base if s.scenario in ran]
     return base

@@ -52,8 +52,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from ..metrics import METRICS  # all lower-is-better
-from ..summary_io import Noise, Summary
+from ..metrics import METRICS, gated
+from ..summary import Noise, Summary
 from ..units import parse_size
 
 Key = tuple[str, str, str]  # scenario, variant, backend
@@ -110,21 +110,12 @@ class Tolerance:
         return replace(self, abs=abs_, least=None)
 
 
-DEFAULT_TOLERANCES: dict[str, Tolerance] = {
-    # Under load the CPU step peak usually moves by up to ~2 MiB between identical runs; a
-    # variant that moves more records its spread (harness.gate.noise), which widens this floor.
-    # A small scenario's floor scales with its peak (SMALL_FRACTION, SMALL_LEAST).
-    "peak": Tolerance(rel=0.0, abs=4 * MiB, least=SMALL_LEAST),
-    "largest_spike": Tolerance(rel=0.0, abs=4 * MiB, least=SMALL_LEAST),
-    # Exact on one backend: the floor only absorbs float rounding in the fitted leak rate.
-    "steady": Tolerance(rel=0.0, abs=256),
-    "final": Tolerance(rel=0.0, abs=256),
-    "retained": Tolerance(rel=0.0, abs=256),
-    "leak_rate": Tolerance(rel=0.0, abs=256),
-    "overhead_ratio": Tolerance(rel=0.0, abs=0.001),
-    # RSS counts the interpreter, imported libraries and the MLX buffer cache.
-    "rss_peak": Tolerance(rel=0.10, abs=64 * MiB),
-}
+def default_tolerances() -> dict[str, Tolerance]:
+    """Each gated metric's tolerance from its registry entry (harness.metrics.METRICS); a floor
+    that scales with the scenario goes no lower than SMALL_LEAST."""
+    return {name: Tolerance(rel=metric.gate.rel, abs=metric.gate.abs,
+                            least=SMALL_LEAST if metric.gate.scales else None)
+            for name, metric in METRICS.items() if metric.gate is not None}
 
 
 class CompareError(ValueError):
@@ -165,7 +156,7 @@ class MetricDelta:
     def verdict(self) -> str:
         if not self.tolerance.exceeded(self.base, self.delta):
             return "unchanged"
-        return "regression" if self.delta > 0 else "improvement"
+        return "regression" if METRICS[self.metric].worse(self.delta) else "improvement"
 
     @property
     def new(self) -> bool:
@@ -257,14 +248,11 @@ def tolerances(summary: Summary, rel: dict[str, float] | None = None,
     """Defaults, then the `compare` block `summary` carries (its scenario's `expect.compare`),
     then command-line flags. The gate passes the BASE's summary: a head cannot loosen the
     tolerances that judge it."""
-    result = dict(DEFAULT_TOLERANCES)
-    spec = summary.data.get("compare") or {}
-    if not isinstance(spec, dict):
-        raise CompareError(f"{summary.path}: compare: expected an object of metric tolerances")
-    for name, metric_spec in spec.items():
+    result = default_tolerances()
+    for name, metric_spec in summary.compare.items():
         if name not in result or not isinstance(metric_spec, dict):
             raise CompareError(f"{summary.path}: compare.{name}: expected a metric among "
-                               f"{', '.join(METRICS)} with {{rel, abs}}")
+                               f"{', '.join(result)} with {{rel, abs}}")
         try:
             result[name] = _scenario_tolerance(result[name], metric_spec)
         except CompareError as exc:
@@ -284,7 +272,7 @@ def _scenario_tolerance(current: Tolerance, spec: dict) -> Tolerance:
 
 def _expected(summary: Summary) -> dict[str, object]:
     """Each expectation's name and what it expects (`none`, `detected`, `<= 1,024 B`)."""
-    return {str(e.get("name")): e.get("expected") for e in summary.data.get("expectations") or []}
+    return {e.name: e.expected for e in summary.expectations}
 
 
 def policy_changes(base: Summary, head: Summary) -> list[str]:
@@ -293,7 +281,7 @@ def policy_changes(base: Summary, head: Summary) -> list[str]:
     states differently (or adds, or drops). Both blocks are checked: a malformed one is bad
     input naming its file."""
     limits = tolerances(base), tolerances(head)
-    changed = [f"compare.{name}" for name in METRICS if limits[0][name] != limits[1][name]]
+    changed = [f"compare.{name}" for name in limits[0] if limits[0][name] != limits[1][name]]
     expected = _expected(base), _expected(head)
     names = list(expected[0]) + [name for name in expected[1] if name not in expected[0]]
     return changed + [f"expect.{name}" for name in names
@@ -302,13 +290,12 @@ def policy_changes(base: Summary, head: Summary) -> list[str]:
 
 def _failure(summary: Summary) -> str:
     """`failed: <first line of the error>`; the error may carry a traceback."""
-    error = summary.data.get("error") or f"exit status {summary.data.get('exit_status')}"
-    return f"{summary.data['status']}: {error.splitlines()[0]}"
+    error = summary.error or f"exit status {summary.exit_status}"
+    return f"{summary.status}: {error.splitlines()[0]}"
 
 
 def _versions(summary: Summary) -> tuple[str, str]:
-    env = summary.environment
-    return env.get("mlx", "?"), env.get("mlx_lm", "?")
+    return summary.environment.mlx, summary.environment.mlx_lm
 
 
 def _pair(base: Summary, head: Summary, rel: dict, abs_: dict) -> Entry:
@@ -325,7 +312,7 @@ def _pair(base: Summary, head: Summary, rel: dict, abs_: dict) -> Entry:
     limits = tolerances(base, rel=rel, abs_=abs_)
     entry.policy = policy_changes(base, head)
     scenario_size = base.metric("peak")
-    for name in METRICS:
+    for name in gated():
         b, h = base.metric(name), head.metric(name)
         if b is not None and h is not None:
             noise = base.noise(name), head.noise(name)

@@ -19,24 +19,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..metrics import METRICS
-from ..summary_io import Summary, atomic_write, load_summaries
+from ..files import atomic_write
+from ..metrics import METRICS, RATIO, gated
+from ..summary import Summary, load_summaries
 from .baseline import unsafe_name
 from .compare import CompareError, Key, index_summaries
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-FORMATS = ("github-action-benchmark",)
 DEFAULT_METRICS = ("peak", "steady")
-RATIOS = ("overhead_ratio",)  # unitless; every other metric is in bytes
 MiB = 1 << 20
 
 
-
 def unit(metric: str) -> str:
-    return "ratio" if metric in RATIOS else "bytes"
-
+    """The feed's unit: `ratio` for a unitless metric, else `bytes` (a rate's too)."""
+    return METRICS[metric].unit
 
 def benchmark_entries(summaries: Sequence[Summary]) -> list[dict]:
     """github-action-benchmark's `customSmallerIsBetter` entries: one per gated metric of each
@@ -53,8 +51,8 @@ def benchmark_entries(summaries: Sequence[Summary]) -> list[dict]:
         if not s.ok:
             continue
         env = s.environment
-        extra = f"{s.backend}, mlx {env.get('mlx', '?')}, mlx-lm {env.get('mlx_lm', '?')}"
-        for metric in METRICS:
+        extra = f"{s.backend}, mlx {env.mlx}, mlx-lm {env.mlx_lm}"
+        for metric in gated():
             value = s.metric(metric)
             if value is not None:
                 entries.append({"name": f"{s.label} {metric}", "unit": unit(metric),
@@ -64,6 +62,10 @@ def benchmark_entries(summaries: Sequence[Summary]) -> list[dict]:
 
 def render_benchmark(summaries: Sequence[Summary]) -> str:
     return json.dumps(benchmark_entries(summaries), indent=2) + "\n"
+
+
+# `kvmem export --format`: each feed format and its rendering.
+EXPORTERS = {"github-action-benchmark": render_benchmark}
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ def load_runs(paths: Sequence[str | Path]) -> list[Run]:
     runs = []
     for path in paths:
         summaries = load_summaries(path)
-        revisions = {s.environment.get("git_revision") for s in summaries}
+        revisions = {s.environment.git_revision for s in summaries}
         revision = revisions.pop() if len(revisions) == 1 else None
         name = Path(path).resolve().name or str(path)
         label = revision if isinstance(revision, str) and revision else name
@@ -116,12 +118,13 @@ def history_figure(runs: Sequence[Run], scenario: str, metrics: Sequence[str]) -
     axes = fig.subplots(len(metrics), 1, sharex=True, squeeze=False)[:, 0]
     x = list(range(len(runs)))
     for ax, metric in zip(axes, metrics, strict=True):
-        scale = 1 if metric in RATIOS else MiB
+        ratio = METRICS[metric].unit == RATIO
+        scale = 1 if ratio else MiB
         for key in keys:
             label = f"{key[1]} ({key[2]})" if several_backends else key[1]
             ax.plot(x, [run.value(key, metric) / scale for run in runs], marker="o",
                     markersize=4, label=label)
-        ax.set_ylabel(f"{metric} ({'ratio' if metric in RATIOS else 'MiB'})")
+        ax.set_ylabel(f"{metric} ({'ratio' if ratio else 'MiB'})")
         ax.grid(alpha=0.3)
     axes[0].set_title(f"{scenario}: {', '.join(metrics)} per run (a gap: absent or failed)")
     axes[0].legend(loc="upper left", fontsize=8)

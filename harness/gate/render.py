@@ -21,8 +21,8 @@ import json
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 
-from ..metrics import METRICS
-from ..summary_io import Noise
+from ..metrics import BYTES, METRICS, gated
+from ..summary import Noise
 from ..units import format_bytes
 from .compare import (
     COMPARED,
@@ -47,15 +47,16 @@ BLOCKS = "▁▂▃▄▅▆▇█"
 
 
 def format_value(metric: str, value: float, signed: bool = False) -> str:
-    if metric == "overhead_ratio":
-        return f"{value:+.3f}" if signed else f"{value:.3f}×"
-    text = format_bytes(value, signed)
-    return f"{text}/req" if metric == "leak_rate" else text
+    return METRICS[metric].format(value, signed)
+
+
+def _bytes(metric: str) -> bool:
+    return METRICS[metric].unit == BYTES
 
 
 def _exact(delta: MetricDelta) -> str:
     """The exact byte delta where the human form rounds it."""
-    if delta.metric == "overhead_ratio" or abs(delta.delta) < 1024:
+    if not _bytes(delta.metric) or abs(delta.delta) < 1024:
         return ""
     return f" ({delta.delta:+,.0f} B)"
 
@@ -63,7 +64,7 @@ def _exact(delta: MetricDelta) -> str:
 def format_tolerance(metric: str, tolerance: Tolerance) -> str:
     """`256 B`, `64 MiB and 10%`, `12 MiB (measured spread 8 MiB over 5 runs)`: what a change
     had to exceed, and where that came from when it was measured rather than configured."""
-    text = f"{tolerance.abs:g}" if metric == "overhead_ratio" else format_bytes(tolerance.abs)
+    text = format_bytes(tolerance.abs) if _bytes(metric) else f"{tolerance.abs:g}"
     if tolerance.rel:
         text += f" and {tolerance.rel * 100:g}%"
     if tolerance.noise is not None:
@@ -94,7 +95,7 @@ def format_percent(delta: MetricDelta) -> str:
 def format_pair(delta: MetricDelta) -> tuple[str, str]:
     """Base and head in human units, or in exact bytes where the units would hide the change."""
     pair = format_value(delta.metric, delta.base), format_value(delta.metric, delta.head)
-    if pair[0] == pair[1] and delta.metric != "overhead_ratio":
+    if pair[0] == pair[1] and _bytes(delta.metric):
         return f"{delta.base:,.0f} B", f"{delta.head:,.0f} B"
     return pair
 
@@ -133,7 +134,8 @@ def _count(entries: list[Entry]) -> str:
 def _changed_rows(comparison: Comparison) -> list[tuple[Entry, MetricDelta]]:
     order = {"regression": 0, "improvement": 1}
     rows = [(e, d) for e in comparison.entries for d in e.changed]
-    return sorted(rows, key=lambda r: (order[r[1].verdict], r[0].label, METRICS.index(r[1].metric)))
+    names = gated()
+    return sorted(rows, key=lambda r: (order[r[1].verdict], r[0].label, names.index(r[1].metric)))
 
 
 def _state_lines(comparison: Comparison, code: str = "`", most: int = 20) -> list[str]:
@@ -176,9 +178,9 @@ def findings(entry: Entry) -> list[dict]:
     `{kind, message, new}`."""
     if entry.head is None:
         return []
-    before = {f.get("kind") for f in (entry.base.data.get("findings") or [])} if entry.base else set()
-    found = [{"kind": f["kind"], "message": f["message"], "new": f["kind"] not in before}
-             for f in entry.head.data.get("findings") or []]
+    before = {f.kind for f in entry.base.findings} if entry.base else set()
+    found = [{"kind": f.kind, "message": f.message, "new": f.kind not in before}
+             for f in entry.head.findings]
     return sorted(found, key=lambda f: not f["new"])
 
 
@@ -186,11 +188,10 @@ def failed_expectations(entry: Entry) -> list[dict]:
     """The head's expectations that fail: `{name, expected, actual, held_in_base}`."""
     if entry.head is None:
         return []
-    held = {e.get("name") for e in (entry.base.data.get("expectations") or [])
-            if e.get("ok")} if entry.base else set()
-    return [{"name": e.get("name"), "expected": e.get("expected"), "actual": e.get("actual"),
-             "held_in_base": e.get("name") in held}
-            for e in entry.head.data.get("expectations") or [] if not e["ok"]]
+    held = {e.name for e in entry.base.expectations if e.ok} if entry.base else set()
+    return [{"name": e.name, "expected": e.expected, "actual": e.actual,
+             "held_in_base": e.name in held}
+            for e in entry.head.failed_expectations]
 
 
 def _reasons(entry: Entry, code: str = "`") -> list[str]:
@@ -231,8 +232,7 @@ def render_text(comparison: Comparison) -> str:
 
 
 def _spark_rows(entry: Entry, width: int) -> list[str]:
-    series = [((s.data.get("series") or {}).get("active") or []) if s else []
-              for s in (entry.base, entry.head)]
+    series = [list(s.series) if s else [] for s in (entry.base, entry.head)]
     if not all(series):
         return []
     lo, hi = min(min(s) for s in series), max(max(s) for s in series)
@@ -274,9 +274,10 @@ def render_markdown(comparison: Comparison, limit: int = COMMENT_LIMIT) -> str:
                          sparks, ["```", ""]))
     rest = [e for e in comparison.having(COMPARED) if not e.changed]
     if rest:
+        names = gated()
         sections.append(([f"<details><summary>{_count(rest)} unchanged</summary>", "",
-                          "| variant | " + " | ".join(METRICS) + " |",
-                          "|---|" + "--:|" * len(METRICS)],
+                          "| variant | " + " | ".join(names) + " |",
+                          "|---|" + "--:|" * len(names)],
                          [f"| `{e.label}` | " + " | ".join(
                              format_value(d.metric, d.head) for d in e.deltas) + " |"
                           for e in rest], ["", "</details>", ""]))
@@ -345,7 +346,7 @@ def render_json(comparison: Comparison) -> str:
 
 def _seconds(entry: Entry) -> float:
     """How long the head's run of a variant took (0 when it has none)."""
-    wall = (entry.head.data.get("metrics") or {}).get("wall_s") if entry.head else None
+    wall = entry.head.metrics.get("wall_s") if entry.head else None
     return wall if isinstance(wall, (int, float)) and wall >= 0 else 0.0
 
 

@@ -17,7 +17,7 @@ import yaml
 from rich.console import Console
 
 from .. import report
-from ..summary_io import Summary, SummaryError, load_summaries
+from ..summary import Summary, SummaryError, load_summaries
 from .suite import overlays, samples
 
 
@@ -65,14 +65,16 @@ def _ordered(summaries: list[Summary]) -> list[Summary]:
 
 def _file_order(summary: Summary) -> list[str]:
     """The variant names of the summary's scenario file, or none when it cannot be read."""
+    if summary.scenario_file is None:
+        return []
     try:
-        raw = yaml.safe_load(Path(summary.data["scenario_file"]).read_text(encoding="utf-8"))
+        raw = yaml.safe_load(Path(summary.scenario_file).read_text(encoding="utf-8"))
         return [str(name) for name in raw["variants"]]
     except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError, RecursionError):
         return []
 
 
-def merge(inputs: Sequence[Path], out: Path, console: Console) -> list[dict]:
+def merge(inputs: Sequence[Path], out: Path, console: Console) -> list[Summary]:
     """Copy every input's variant folders into `out` (reserved as `run` reserves it), one
     folder at a time into place, then redraw the overlays; the merged summaries, in order."""
     summaries = collect(inputs, out)
@@ -82,7 +84,7 @@ def merge(inputs: Sequence[Path], out: Path, console: Console) -> list[dict]:
         frames = ((s.key[0], s.key[1], samples(out.joinpath(*s.key))) for s in summaries)
         overlays(((scenario, variant, frame) for scenario, variant, frame in frames
                   if not frame.empty), out, console)
-    return [s.data for s in summaries]
+    return summaries
 
 
 def _copy(source: Path, target: Path) -> None:

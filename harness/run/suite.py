@@ -3,8 +3,8 @@
 `run_variants` runs each variant once in its own process (`harness.run.isolation.execute`),
 then `summarize` (samples, findings, summary) and the report writer; with `jobs` > 1 several
 children run at once, admitted by memory (`harness.run.schedule`), and each report is written
-from the main thread as its run finishes. `run_repeated` runs the whole list N times through
-it and keeps each variant's median run with its measured spread (`harness.gate.noise.combine`).
+from the main thread as its run finishes. `harness.run.repeat` runs the whole list N times
+through it and keeps each variant's median run with its measured spread.
 `harness.cli` chooses between them: `run` and `baseline check` call `run_variants`, `noise`
 calls `run_repeated`, `baseline update` either (`--runs N` > 1 repeats); both baseline commands
 read existing reports instead when given `--from`; `merge` (harness.run.merge) joins the
@@ -15,7 +15,6 @@ call `run_variants`.
 
 from __future__ import annotations
 
-import tempfile
 import threading
 from collections.abc import Callable, Generator, Iterable
 from contextlib import closing
@@ -24,14 +23,13 @@ from pathlib import Path
 
 import pandas as pd
 from rich.console import Console
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.progress import Progress, TaskID
 
-from .. import detect, expect, report, summary_io
-from ..gate.noise import combine
+from .. import detect, expect, report
+from ..console import progress_bars, warn
+from ..environment import environment as describe_environment
 from ..scenario import Variant
-from ..units import mib
+from ..summary import SCHEMA, Summary, parse
 from .engine import planned_steps
 from .isolation import RunOutcome, execute
 from .probe import to_frame
@@ -40,8 +38,10 @@ from .schedule import Scheduler, in_parallel
 Ran = tuple[TaskID, RunOutcome]  # a variant's progress bar and what its run gave
 
 
-def summarize(outcome: RunOutcome, environment: dict) -> tuple[pd.DataFrame, list, dict]:
-    """Samples, findings and the summary dict of one executed variant."""
+def summarize(outcome: RunOutcome, environment: dict,
+              out: Path = Path()) -> tuple[pd.DataFrame, list, Summary]:
+    """Samples, findings and the summary of one executed variant, whose report goes to `out`
+    (out/scenario/variant/summary.json)."""
     spec = outcome.variant.spec
     frame = to_frame(outcome.rows)
     findings, figures, expectations = [], {}, []
@@ -52,7 +52,7 @@ def summarize(outcome: RunOutcome, environment: dict) -> tuple[pd.DataFrame, lis
     figures["wall_s"] = round(outcome.wall_s, 3)
     figures["estimate"] = outcome.estimate
     summary = {
-        "schema": summary_io.SCHEMA,
+        "schema": SCHEMA,
         "scenario": spec.name,
         "variant": outcome.variant.name,
         "scenario_file": str(outcome.variant.path),
@@ -75,12 +75,13 @@ def summarize(outcome: RunOutcome, environment: dict) -> tuple[pd.DataFrame, lis
     if outcome.model is not None:  # a real model: its weights beside the KV `minimum`
         summary["model"] = outcome.model
         figures["weights"] = outcome.model["weights"]
-    return frame, findings, summary
+    where = out / spec.name / outcome.variant.name / "summary.json"
+    return frame, findings, parse(where, summary)
 
 
 def run_variants(variants: list[Variant], out: Path, console: Console | None = None,
                  timeout: float | None = None, jobs: int = 1,
-                 scheduler: Scheduler | None = None) -> list[dict]:
+                 scheduler: Scheduler | None = None) -> list[Summary]:
     """Execute each variant in its own process and write its report under out/scenario/variant.
 
     `out` is reserved first (a writable folder no other run holds). A report that cannot be
@@ -91,20 +92,19 @@ def run_variants(variants: list[Variant], out: Path, console: Console | None = N
     and each scenario's overlay keep the order of `variants`.
     """
     console = console or Console(stderr=True)
-    environment = summary_io.environment()
+    environment = describe_environment()
     scheduler = scheduler or Scheduler(jobs)
-    summaries: dict[int, dict] = {}
+    summaries: dict[int, Summary] = {}
     frames: dict[int, pd.DataFrame] = {}
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("steps"), TimeElapsedColumn())
-    with report.reserve(out), Progress(*columns, console=console, transient=False) as progress:
+    with report.reserve(out), progress_bars(console) as progress:
         run = partial(_supervise, variants, progress, scheduler, timeout)
         with closing(_outcomes(len(variants), run, scheduler)) as outcomes:
             for index, (task, outcome) in outcomes:
                 variant = variants[index]
                 _finish_bar(progress, task, variant.label, outcome)
-                frame, findings, summary = summarize(outcome, environment)
-                if not _write(out / variant.scenario / variant.name, frame, summary, findings):
+                frame, findings, summary = summarize(outcome, environment, out)
+                summary, written = write(summary, frame, findings)
+                if not written:
                     progress.update(task, description=f"{variant.label} [failed: report not written]")
                 elif not frame.empty:  # a refused variant has no samples to draw
                     frames[index] = frame
@@ -176,81 +176,22 @@ def overlays(frames: Iterable[tuple[str, str, pd.DataFrame]], out: Path,
             try:
                 report.plot_overlay(by_variant, f"{name}: variants", out / name / "memory.png")
             except OSError as exc:
-                console.print(f"[red]warning:[/red] {name}: overlay plot not written: {exc}")
+                warn(console, [f"{name}: overlay plot not written: {exc}"])
 
 
 def _advance(progress: Progress, task: TaskID, steps: int) -> None:
     progress.update(task, completed=steps)
 
 
-def _write(folder: Path, frame: pd.DataFrame, summary: dict, findings: list) -> bool:
-    """Write one variant's report; a write that fails fails the variant, with the reason."""
+def write(summary: Summary, frame: pd.DataFrame, findings: list) -> tuple[Summary, bool]:
+    """Write one variant's report where its summary says; a write that fails fails the variant,
+    with the reason: the summary as it stands, and whether it was written."""
     try:
-        report.write_variant(folder, frame, summary, findings)
+        report.write_variant(summary.path.parent, frame, summary, findings)
     except OSError as exc:
-        summary.update(status="failed", passed=False, error=f"cannot write the report: {exc}")
-        return False
-    return True
-
-
-def table(summaries: list[dict]) -> Table:
-    """The terminal summary: one row per variant, with its findings and failed expectations."""
-    grid = Table(title="kvmem results", show_lines=False)
-    for column in ("scenario", "variant", "status", "peak MiB", "steady MiB", "findings",
-                   "result"):
-        grid.add_column(column, justify="right" if "MiB" in column else "left",
-                        no_wrap=column in ("scenario", "variant"))
-    for s in summaries:
-        m = s["metrics"]
-        found = ", ".join(f"{f['kind']}×{f.get('count', '?')}" for f in s.get("findings", []))
-        failed = [e for e in s.get("expectations", []) if not e["ok"]]
-        if s["status"] != "ok":
-            first = (s.get("error") or "").strip().splitlines()
-            verdict = f"[red]{escape(first[0] if first else s['status'])}[/red]"
-        elif failed:
-            verdict = "[red]" + escape("; ".join(
-                f"{e.get('name')}: expected {e.get('expected')}, got {e.get('actual')}"
-                for e in failed)) + "[/red]"
-        else:
-            verdict = f"[green]{len(s.get('expectations', []))} ok[/green]"
-        # Summaries may be hand-written: their text is shown as text, never as rich markup.
-        grid.add_row(escape(s["scenario"]), escape(s["variant"]), escape(s["status"]),
-                     mib(m.get("peak"), 1), mib(m.get("steady"), 1), escape(found) or "-",
-                     verdict)
-    return grid
-
-
-def exit_status(summaries: list[dict]) -> int:
-    """0 every expectation held, 1 one failed, 2 a run could not complete."""
-    if any(s["status"] != "ok" for s in summaries):
-        return 2
-    return 0 if all(s.get("passed") for s in summaries) else 1
-
-
-def run_repeated(variants: list[Variant], runs: int, out: Path,
-                 console: Console | None = None, jobs: int = 1) -> list[dict]:
-    """Run every variant `runs` times; write each variant's median run under out/scenario/variant
-    with the spread measured over all its runs (harness.gate.noise.combine).
-
-    Each round goes through run_variants (one process per variant) and runs every variant once,
-    so a change in the machine's load reaches all variants alike. Rounds are written to a
-    temporary folder; only the chosen runs' reports land in `out`, reserved for the whole time.
-    """
-    console = console or Console(stderr=True)
-    with report.reserve(out), tempfile.TemporaryDirectory(prefix="kvmem-noise-") as tmp:
-        rounds = []
-        for index in range(runs):
-            console.print(f"run {index + 1} of {runs}")
-            rounds.append(run_variants(variants, Path(tmp) / f"run{index}", console, jobs=jobs))
-        summaries = []
-        for variant_runs in zip(*rounds, strict=True):
-            chosen, summary = combine(list(variant_runs))
-            where = Path(summary["scenario"]) / summary["variant"]
-            frame = samples(Path(tmp) / f"run{chosen}" / where)
-            findings = [detect.Finding(**f) for f in summary["findings"]]
-            _write(out / where, frame, summary, findings)
-            summaries.append(summary)
-    return summaries
+        return summary.replace(status="failed", passed=False,
+                               error=f"cannot write the report: {exc}"), False
+    return summary, True
 
 
 def samples(folder: Path) -> pd.DataFrame:

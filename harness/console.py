@@ -1,0 +1,144 @@
+"""What kvmem shows in a terminal: rich tables, progress bars, warnings.
+
+The commands (harness.cli) parse and dispatch; this module draws. Summaries may be
+hand-written, so their text is always escaped: shown as text, never read as rich markup.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from . import geometry
+from .scenario import ScenarioError, discover, load_variants
+from .summary import Summary
+from .units import format_bytes, mib
+
+
+def progress_bars(console: Console) -> Progress:
+    """One bar per variant: its name and state, the steps served of those planned, the time."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("steps"), TimeElapsedColumn())
+    return Progress(*columns, console=console, transient=False)
+
+
+def warn(console: Console, lines: list[str]) -> None:
+    for line in lines:
+        console.print(f"[bold red]warning:[/bold red] {escape(line)}", highlight=False)
+
+
+def results(summaries: list[Summary]) -> Table:
+    """The terminal summary: one row per variant, with its findings and failed expectations."""
+    grid = Table(title="kvmem results", show_lines=False)
+    for column in ("scenario", "variant", "status", "peak MiB", "steady MiB", "findings",
+                   "result"):
+        grid.add_column(column, justify="right" if "MiB" in column else "left",
+                        no_wrap=column in ("scenario", "variant"))
+    for s in summaries:
+        found = ", ".join(f"{f.kind}×{'?' if f.count is None else f.count}" for f in s.findings)
+        if not s.ok:
+            verdict = f"[red]{escape(s.first_error)}[/red]"
+        elif s.failed_expectations:
+            verdict = "[red]" + escape("; ".join(e.describe() for e in s.failed_expectations)) + "[/red]"
+        else:
+            verdict = f"[green]{len(s.expectations)} ok[/green]"
+        grid.add_row(escape(s.scenario), escape(s.variant), escape(s.status),
+                     mib(s.metrics.get("peak"), 1), mib(s.metrics.get("steady"), 1),
+                     escape(found) or "-", verdict)
+    return grid
+
+
+def details(console: Console, summaries: list[Summary]) -> None:
+    """What `kvmem show` prints under the table: findings, the model, store statistics, noise."""
+    for s in summaries:
+        label = escape(s.label)
+        for f in s.findings:
+            console.print(f"  {label}: [bold]{escape(f.kind)}[/bold] {escape(f.message)}")
+        if s.model is not None and s.model.weights is not None:
+            console.print(f"  {label}: model {escape(str(s.model.name))} "
+                          f"({escape(str(s.model.engine))}, {escape(str(s.model.layers))} layers): "
+                          f"weights {mib(s.model.weights, 1)} MiB, KV minimum "
+                          f"{mib(s.metrics.get('minimum'), 1)} MiB")
+        if s.store_stats:
+            console.print(f"  {label}: store "
+                          + escape(", ".join(f"{k} {v}" for k, v in s.store_stats.items())))
+        if s.noise_block is not None:
+            console.print(noise([s]))
+
+
+def noise(summaries: list[Summary]) -> Table:
+    """One row per variant: the median peak, the range and spread of peak and spike."""
+    grid = Table(title="kvmem run-to-run noise")
+    for column in ("scenario", "variant", "runs", "peak MiB", "peak min–max MiB", "peak spread",
+                   "spike spread", "exact metrics", "result"):
+        grid.add_column(column, no_wrap=column in ("scenario", "variant"),
+                        justify="right" if column in ("runs", "peak MiB") else "left")
+    for s in summaries:
+        block = s.noise_block
+        if block is None:
+            grid.add_row(escape(s.scenario), escape(s.variant), "-", "-", "-", "-", "-", "-",
+                         f"[red]{escape(s.status)}: {escape(s.first_error)}[/red]")
+            continue
+        peak, spike = block.spreads.get("peak"), block.spreads.get("largest_spike")
+        low, high = block.ranges.get("peak", (None, None))
+        differ = ", ".join(block.nondeterministic)
+        exact = f"[bold red]DIFFER: {escape(differ)}[/bold red]" if differ else "[green]identical[/green]"
+        result = ("[green]ok[/green]" if block.passed == block.runs else
+                  f"[red]expectations held in {block.passed} of {block.runs}[/red]")
+        grid.add_row(escape(s.scenario), escape(s.variant), str(block.runs),
+                     mib(s.metrics.get("peak")), f"{mib(low)}–{mib(high)}",
+                     format_bytes(peak.spread) if peak else "-",
+                     format_bytes(spike.spread) if spike else "-", exact, result)
+    return grid
+
+
+def scenarios(folder: Path) -> Table:
+    """The scenario files in `folder`: their variants and the first sentence of each description."""
+    grid = Table(title=f"scenarios in {folder}/")
+    for column in ("file", "variants", "description"):
+        grid.add_column(column)
+    for path in discover([folder]) if folder.is_dir() else []:
+        try:
+            variants = load_variants(path)
+            first_sentence = variants[0].spec.description.split(". ")[0].rstrip(".")
+            grid.add_row(escape(path.name), escape(", ".join(v.name for v in variants)),
+                         escape(first_sentence))
+        except ScenarioError as exc:
+            grid.add_row(escape(path.name), "[red]invalid[/red]", escape(str(exc)))
+    return grid
+
+
+def _layers(g: geometry.Geometry) -> str:
+    kinds = {k: sum(layer.kind == k for layer in g.layers) for k in geometry.KINDS}
+    return " + ".join(f"{n} {k}" for k, n in kinds.items() if n)
+
+
+def geometry_presets() -> Table:
+    grid = Table(title="model presets")
+    for column in ("name", "layers", "KV per token", "vocab"):
+        grid.add_column(column)
+    for name in geometry.PRESETS:
+        g = geometry.preset(name)
+        grid.add_row(name, _layers(g), f"{g.token_bytes() / 1024:g} KiB", f"{g.vocab:,}")
+    return grid
+
+
+def model_presets() -> Table:
+    """The mlx_lm engine's presets: layers, KV per token and vocabulary as the built model
+    has them (read without evaluating it), and the weights' bytes in bfloat16."""
+    from . import models  # mlx-lm's model code: only for the command that lists it
+
+    grid = Table(title="real-model presets (engine: mlx_lm, random weights)")
+    for column in ("name", "layers", "KV per token", "vocab", "weights"):
+        grid.add_column(column)
+    for name in models.PRESETS:
+        choice = models.ModelChoice(preset=name, path=None, layers=None, vocab=None,
+                                    dtype="bfloat16", bits=None, group_size=64)
+        g, weights = models.describe(choice)
+        grid.add_row(name, _layers(g), f"{g.token_bytes() / 1024:g} KiB", f"{g.vocab:,}",
+                     f"{weights / 2**30:.2f} GiB")
+    return grid

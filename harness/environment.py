@@ -1,0 +1,43 @@
+"""What produced a run's figures: the backend, the versions, the machine, the revision.
+
+Summaries from different backends are never compared, and summaries from different MLX versions
+are compared with a note, so each summary records this block.
+"""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+
+
+def backend() -> str:
+    """Which MLX backend produces the figures: cpu, metal or cuda."""
+    import mlx.core as mx  # here, not at the top: reading summaries must not load MLX
+
+    if mx.default_device().type == mx.DeviceType.cpu:
+        return "cpu"
+    if mx.metal.is_available():
+        return "metal"
+    return "cuda"
+
+
+def environment() -> dict:
+    """What produced a run's figures; summaries from different backends are never compared."""
+    import importlib.metadata as md
+
+    try:
+        revision = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+            check=False,
+        ).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        revision = None
+    return {
+        "backend": backend(),
+        "mlx": md.version("mlx"),
+        "mlx_lm": md.version("mlx-lm"),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "platform": platform.platform(),
+        "git_revision": revision,
+    }

@@ -1,0 +1,72 @@
+"""The metric registry: one entry in harness/metrics.py computes, records, gates and renders a
+metric; nothing else changes when one is added."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harness import metrics
+from harness.gate import compare as cmp
+from harness.gate import history
+from harness.gate.render import render_json, render_markdown, render_text
+from harness.metrics import EXACT_KIND, HIGHER, METRICS, Gate, Metric
+from harness.summary import parse
+from tests.conftest import make_spec, serve
+from tests.summaries import MiB, summary
+
+# MLX's buffer cache at the last sample: a metric no summary carried before.
+CACHE_AT_END = Metric(lambda s: int(s.frame["cache"].iloc[-1]), gate=Gate(rel=0.0, abs=64 * 1024),
+                      kind=EXACT_KIND)
+
+
+def test_a_registered_metric_is_computed_in_registry_order(monkeypatch):
+    monkeypatch.setitem(METRICS, "cache_at_end", CACHE_AT_END)
+    frame, _, figures = serve(make_spec(workload={"requests": [{"prompt": 64, "decode": 4}]}))
+    assert list(figures) == list(METRICS)
+    assert figures["cache_at_end"] == int(frame["cache"].iloc[-1])
+
+
+def test_a_registered_metric_is_compared_and_rendered(monkeypatch):
+    monkeypatch.setitem(METRICS, "cache_at_end", CACHE_AT_END)
+    base = parse(Path("b"), summary("s", "v", cache_at_end=1 * MiB))
+    head = parse(Path("h"), summary("s", "v", cache_at_end=3 * MiB))
+    comparison = cmp.compare([base], [head])
+    (entry,) = comparison.regressions
+    assert [(d.metric, d.base, d.head, d.verdict) for d in entry.changed] == [
+        ("cache_at_end", 1 * MiB, 3 * MiB, "regression")]
+    assert "cache_at_end" in render_text(comparison)
+    assert "| `s/v` | cache_at_end | 1 MiB | 3 MiB | **+2 MiB** (+2,097,152 B) | +200.0% | 64 KiB |" \
+        in render_markdown(comparison)
+    assert json.loads(render_json(comparison))["entries"][0]["metrics"]["cache_at_end"]["verdict"] \
+        == "regression"
+    feed = history.benchmark_entries([head])
+    assert {"name": "s/v cache_at_end", "unit": "bytes", "value": 3 * MiB} \
+        .items() <= next(e for e in feed if e["name"] == "s/v cache_at_end").items()
+
+
+def test_a_metric_missing_from_an_older_summary_is_not_compared(monkeypatch):
+    """A metric added later is not required of the summaries recorded before it."""
+    monkeypatch.setitem(METRICS, "cache_at_end", CACHE_AT_END)
+    old = parse(Path("b"), summary("s", "v"))
+    assert old.incomplete is None
+    entry = cmp.compare([old], [parse(Path("h"), summary("s", "v", cache_at_end=MiB))]).entries[0]
+    assert "cache_at_end" not in {d.metric for d in entry.deltas}
+
+
+def test_direction_decides_which_change_is_a_regression(monkeypatch):
+    monkeypatch.setitem(METRICS, "hit_rate", Metric(lambda s: 0, unit=metrics.RATIO,
+                                                    gate=Gate(rel=0.0, abs=0.01), direction=HIGHER))
+    base = parse(Path("b"), summary("s", "v", hit_rate=0.9))
+    lower = cmp.compare([base], [parse(Path("h"), summary("s", "v", hit_rate=0.5))])
+    higher = cmp.compare([base], [parse(Path("h"), summary("s", "v", hit_rate=0.95))])
+    assert (lower.verdict, higher.verdict) == ("regression", "improvement")
+    assert "0.500×" in render_text(lower)
+
+
+def test_the_gated_metrics_are_the_eight_every_summary_carries():
+    assert metrics.gated() == ["peak", "steady", "final", "largest_spike", "leak_rate", "retained",
+                               "rss_peak", "overhead_ratio"]
+    assert [n for n, m in METRICS.items() if m.required] == metrics.gated()
+    assert (metrics.NOISY, metrics.EXACT) == (("peak", "largest_spike"),
+                                              ("steady", "final", "leak_rate", "retained"))
