@@ -174,22 +174,7 @@ def _baseline_update(args: argparse.Namespace, console: Console) -> int:
     errors = Console(stderr=True, soft_wrap=True)
     summaries = _suite_summaries(args, errors)
     result = baseline.store(summaries, Path(args.dir), args.allow_failed)
-    several = len({s.backend for s in summaries}) > 1
-
-    def label(summary: Summary) -> str:
-        return escape(summary.label + (f" on {summary.backend}" if several else ""))
-
-    for change in result.written:
-        reasons = f" ({escape(', '.join(change.reasons))})" if change.reasons else ""
-        console.print(f"{change.action} {label(change.summary)}{reasons}", highlight=False)
-        if not change.summary.passed:
-            term.warn(errors, [f"{change.summary.label}: recorded although its expectations failed "
-                           "(--allow-failed)"])
-    if result.kept:
-        console.print(f"kept {len(result.kept)} unchanged", highlight=False)
-    for summary, why in result.refused:
-        errors.print(f"error: {label(summary)}: {escape(why)}: no baseline written",
-                     highlight=False)
+    term.baseline_update(console, errors, result, several=len({s.backend for s in summaries}) > 1)
     return 2 if result.refused else 0
 
 

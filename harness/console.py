@@ -7,6 +7,7 @@ hand-written, so their text is always escaped: shown as text, never read as rich
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
@@ -17,6 +18,9 @@ from . import geometry
 from .scenario import ScenarioError, discover, load_variants
 from .summary import Summary
 from .units import format_bytes, mib
+
+if TYPE_CHECKING:  # the runner draws with this module and never imports the gate
+    from .gate.baseline import Update
 
 
 def progress_bars(console: Console) -> Progress:
@@ -50,6 +54,26 @@ def results(summaries: list[Summary]) -> Table:
                      mib(s.metrics.get("peak"), 1), mib(s.metrics.get("steady"), 1),
                      escape(found) or "-", verdict)
     return grid
+
+
+def baseline_update(console: Console, errors: Console, result: Update, several: bool) -> None:
+    """What `baseline update` did: `added s/v`, `updated s/v (peak +12 MiB, ...)`, `kept N
+    unchanged`, and on `errors` each run refused (with `several` backends, each label says
+    which)."""
+    def label(summary: Summary) -> str:
+        return escape(summary.label + (f" on {summary.backend}" if several else ""))
+
+    for change in result.written:
+        reasons = f" ({escape(', '.join(change.reasons))})" if change.reasons else ""
+        console.print(f"{change.action} {label(change.summary)}{reasons}", highlight=False)
+        if not change.summary.passed:
+            warn(errors, [f"{change.summary.label}: recorded although its expectations failed "
+                          "(--allow-failed)"])
+    if result.kept:
+        console.print(f"kept {len(result.kept)} unchanged", highlight=False)
+    for summary, why in result.refused:
+        errors.print(f"error: {label(summary)}: {escape(why)}: no baseline written",
+                     highlight=False)
 
 
 def details(console: Console, summaries: list[Summary]) -> None:
