@@ -88,6 +88,12 @@ def resolve(name: str) -> Callable[..., Any]:
     return factory
 
 
+def construct(component: Any, first_arg: Any) -> Any:
+    """What a scenario component (an object with `component` and `options`) makes of its
+    first argument: a layer's cache from its LayerSpec, a store or session from the geometry."""
+    return resolve(component.component)(first_arg, **component.options)
+
+
 def is_import_path(name: str) -> bool:
     """Whether a component name is user code by import path rather than a registry name."""
     return name not in REGISTRY and ":" in name

@@ -13,7 +13,7 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache
 from mlx_lm.utils import _get_classes, save_config, save_model
 
 from harness import models
-from harness.run.engine import create
+from harness.run.engines import create
 from harness.run.isolation import estimate_bytes
 from harness.run.model_engine import ModelEngine
 from harness.run.probe import Probe

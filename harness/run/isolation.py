@@ -35,7 +35,7 @@ import psutil
 
 from ..components import resolve
 from ..scenario import ComponentSpec, ScenarioSpec, Variant
-from .engine import create
+from .engines import create
 from .probe import ROW, Probe
 from .synthetic import SyntheticKV
 

@@ -28,6 +28,7 @@ from .. import geometry as geo
 from .. import models
 from ..detect import DETECTORS, Detector, Presence
 from ..metrics import METRICS
+from ..run.engines import ENGINES
 from ..units import Size
 
 
@@ -127,9 +128,11 @@ def _preset_layers(name: str) -> int:
 if TYPE_CHECKING:  # what the tagged unions validate to, for the type checker
     LayerCut = int | list[LayerGroup]
     MetricName = str
+    EngineName = str
 else:
     LayerCut = _tagged(scalar=Layers, list=list[LayerGroup])
     MetricName = Literal[METRICS]  # one member per gated metric
+    EngineName = Literal[tuple(ENGINES)]  # one member per registered engine
 
 
 class QuantizeSpec(_Strict):
@@ -353,7 +356,7 @@ class ScenarioSpec(_Strict):
     description: Annotated[str, Field(strict=True)] = ""
     # synthetic: seeded K/V fed to the caches (harness.run.engine); mlx_lm: a real mlx-lm model
     # with random weights, served through generate_step (harness.run.model_engine).
-    engine: Literal["synthetic", "mlx_lm"] = "synthetic"
+    engine: EngineName = "synthetic"
     model: Annotated[ModelSpec, BeforeValidator(
         lambda v: {"preset": v} if isinstance(v, str) else v)]
     cache: CacheSpec = CacheSpec()
