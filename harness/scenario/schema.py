@@ -28,6 +28,7 @@ from .. import geometry as geo
 from .. import models
 from ..detect import DETECTORS, Detector, Presence
 from ..metrics import METRICS
+from ..names import MAX_NAME, Flaw, flaw
 from ..run.engines import ENGINES
 from ..units import Size
 
@@ -61,25 +62,28 @@ Layers = Annotated[int, Field(strict=True, ge=1, le=MAX_LAYERS)]
 # Finite numbers; an int is a number, a bool or a string is not.
 Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Dtype = Literal["float16", "bfloat16", "float32"]
-MAX_NAME = 100
+
+
+# A scenario or variant name as its check says what is wrong with it ("expected ...").
+_EXPECTED = {
+    Flaw.NOT_TEXT: "a name (text)",
+    Flaw.EMPTY: "a non-empty name",
+    Flaw.CONTROL: "a name without control characters",
+    Flaw.RELATIVE: "a name that does not start with '.' (it becomes a folder name)",
+    Flaw.SEPARATOR: "a name without '/' or '\\' (it becomes a folder name)",
+    Flaw.LEADING_DOT: "a name that does not start with '.' (it becomes a folder name)",
+    Flaw.SPACES: "a name without leading or trailing spaces",
+    Flaw.ABSOLUTE: "a name without a drive such as 'C:' (it becomes a folder name)",
+}
 
 
 def check_name(name: Any) -> str:
     """A scenario or variant name, safe as one path component (reports/<scenario>/<variant>/)."""
-    if not isinstance(name, str):
-        raise ValueError("expected a name (text)")
-    if not name:
-        raise ValueError("expected a non-empty name")
-    if len(name) > MAX_NAME:
+    found = flaw(name)
+    if found is Flaw.TOO_LONG:
         raise ValueError(f"expected a name of at most {MAX_NAME} characters, got {len(name)}")
-    if not name.isprintable():
-        raise ValueError("expected a name without control characters")
-    if "/" in name or "\\" in name:
-        raise ValueError("expected a name without '/' or '\\' (it becomes a folder name)")
-    if name.startswith("."):
-        raise ValueError("expected a name that does not start with '.' (it becomes a folder name)")
-    if name != name.strip():
-        raise ValueError("expected a name without leading or trailing spaces")
+    if found is not None:
+        raise ValueError(f"expected {_EXPECTED[found]}")
     return name
 
 
