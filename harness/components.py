@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import multiprocessing as mp
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from mlx_lm.models import cache as mlx_cache
 
+from .child import Child, how
 from .geometry import LayerSpec
 
 
@@ -88,6 +88,12 @@ def resolve(name: str) -> Callable[..., Any]:
     return factory
 
 
+def construct(component: Any, first_arg: Any) -> Any:
+    """What a scenario component (an object with `component` and `options`) makes of its
+    first argument: a layer's cache from its LayerSpec, a store or session from the geometry."""
+    return resolve(component.component)(first_arg, **component.options)
+
+
 def is_import_path(name: str) -> bool:
     """Whether a component name is user code by import path rather than a registry name."""
     return name not in REGISTRY and ":" in name
@@ -148,30 +154,16 @@ def check(bindings: list[Binding]) -> list[str]:
     problems = [p for b in bindings if b not in user if (p := _bind(b))]
     if not user:
         return problems
-    context = mp.get_context("spawn")
-    receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_bind_in_child, args=(user, send), daemon=True)
-    child.start()
-    send.close()
     answer, timed_out = None, False
-    try:
-        if receive.poll(IMPORT_TIMEOUT):
-            answer = receive.recv()
-        else:
-            timed_out = child.is_alive()
-    except (EOFError, OSError):
-        pass  # the child ended without answering
-    finally:
-        child.join(timeout=5)
-        if child.is_alive():
-            child.kill()
-            child.join()
-        receive.close()
+    with Child(_bind_in_child, user, grace=5) as child:
+        try:
+            answer = child.receive(IMPORT_TIMEOUT)
+            timed_out = answer is None
+        except EOFError:
+            pass  # the child ended without answering
     if answer is None:
-        code = child.exitcode or 0
-        how = (f"hung for {IMPORT_TIMEOUT:g} s" if timed_out else
-               f"was killed by signal {-code}" if code < 0 else f"exited with status {code}")
+        ended = f"hung for {IMPORT_TIMEOUT:g} s" if timed_out else how(child.process.exitcode)
         names = ", ".join(sorted({b.name for b in user}))
-        return [*problems, f"{user[0].field}.component: the process importing {names} {how} "
+        return [*problems, f"{user[0].field}.component: the process importing {names} {ended} "
                            "before it could answer"]
     return problems + [p for p in answer if p]

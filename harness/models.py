@@ -4,10 +4,10 @@ A preset is an mlx-lm config dict, built as `Model(ModelArgs.from_dict(config))`
 is a lazy random array, so nothing is downloaded and the weights' bytes are known before they
 are evaluated. The shapes follow the published configs of the models named (`-like`: a preset is
 a geometry, not a checkpoint); where `harness.geometry.PRESETS` has the same model under the
-same name (`qwen3-8b`), both describe the same layers, so `model: qwen3-8b` means one geometry on
-either engine. `layers: N` keeps the first N layers (N = num_hidden_layers), `vocab` resizes the
-vocabulary (a 150k-token output layer dominates a decode step on CPU), `quantize` runs
-`mlx.nn.quantize` over the built model.
+same name (`qwen3-8b`), the config takes its layers, KV heads, head dim and vocabulary from that
+geometry preset, so `model: qwen3-8b` means one geometry on either engine. `layers: N` keeps the
+first N layers (N = num_hidden_layers), `vocab` resizes the vocabulary (a 150k-token output
+layer dominates a decode step on CPU), `quantize` runs `mlx.nn.quantize` over the built model.
 
 `model: {path: DIR}` loads a local model folder with mlx-lm's `load_model` (config.json and
 safetensors): `mlx_lm.load` would also load a tokenizer, which the engine never uses (its token
@@ -36,18 +36,27 @@ from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prom
 from . import geometry as geo
 
 
-def _qwen3(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int,
-           tied: bool) -> dict:
+def _qwen3(hidden: int, heads: int, intermediate: int, tied: bool, layers: int, kv_heads: int,
+           head_dim: int = 128, vocab: int = 151936) -> dict:
     return {"model_type": "qwen3", "hidden_size": hidden, "num_hidden_layers": layers,
             "intermediate_size": intermediate, "num_attention_heads": heads,
-            "num_key_value_heads": kv_heads, "head_dim": 128, "rms_norm_eps": 1e-6,
-            "vocab_size": 151936, "max_position_embeddings": 40960, "rope_theta": 1_000_000.0,
+            "num_key_value_heads": kv_heads, "head_dim": head_dim, "rms_norm_eps": 1e-6,
+            "vocab_size": vocab, "max_position_embeddings": 40960, "rope_theta": 1_000_000.0,
             "tie_word_embeddings": tied}
 
 
+def _dense(name: str) -> dict:
+    """A geometry preset of full-attention layers alone, as the config's layers, KV heads, head
+    dim and vocabulary: the mlx_lm preset of the same name takes them from there."""
+    (group,) = geo.PRESETS[name]["layers"]
+    assert group["kind"] == geo.KIND_FULL
+    return {"layers": group["count"], "kv_heads": group["kv_heads"],
+            "head_dim": group["head_dim"], "vocab": geo.PRESETS[name]["vocab"]}
+
+
 PRESETS: dict[str, dict] = {
-    "qwen3-0.6b": _qwen3(1024, 28, 16, 8, 3072, tied=True),
-    "qwen3-8b": _qwen3(4096, 36, 32, 8, 12288, tied=False),
+    "qwen3-0.6b": _qwen3(1024, 16, 3072, tied=True, layers=28, kv_heads=8),
+    "qwen3-8b": _qwen3(4096, 32, 12288, tied=False, **_dense("qwen3-8b")),
     # Five sliding-window layers (window 512) then one global layer; one KV head of 256.
     "gemma-3-1b": {
         "model_type": "gemma3_text", "hidden_size": 1152, "num_hidden_layers": 26,

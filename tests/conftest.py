@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from harness import detect, expect
-from harness.run.engine import Engine, create
+from harness.run.engine import Engine
+from harness.run.engines import create
 from harness.run.probe import Probe, to_frame
 from harness.scenario import ScenarioSpec
 

@@ -12,8 +12,8 @@ import pytest
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 from mlx_lm.utils import _get_classes, save_config, save_model
 
-from harness import models
-from harness.run.engine import create
+from harness import geometry, models
+from harness.run.engines import create
 from harness.run.isolation import estimate_bytes
 from harness.run.model_engine import ModelEngine
 from harness.run.probe import Probe
@@ -33,6 +33,21 @@ def real_spec(**fields) -> ScenarioSpec:
     fields.setdefault("engine", "mlx_lm")
     fields.setdefault("model", TINY)
     return ScenarioSpec.model_validate(fields)
+
+
+SHARED_PRESETS = sorted(set(geometry.PRESETS) & set(models.PRESETS))
+
+
+def test_qwen3_8b_is_a_preset_of_both_engines():
+    assert "qwen3-8b" in SHARED_PRESETS
+
+
+@pytest.mark.parametrize("name", SHARED_PRESETS)
+def test_a_preset_of_both_engines_builds_the_geometry_preset_of_its_name(name):
+    """`model: NAME` is one geometry on either engine: the real model, as built, holds what the
+    synthetic engine's preset says."""
+    choice = models.ModelChoice(name, None, None, None, "bfloat16", None, 64)
+    assert models.describe(choice)[0] == geometry.preset(name)
 
 
 def test_weights_are_counted_before_evaluation_and_sit_under_the_baseline():

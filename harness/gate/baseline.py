@@ -17,12 +17,12 @@ timed out) never, one whose expectations failed only with `allow_failed`.
 
 from __future__ import annotations
 
-import unicodedata
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path
 
 from ..files import atomic_text
 from ..metrics import NOISY
+from ..names import flaw
 from ..summary import Summary, SummaryError, checked, load_summaries, read_summary
 from ..units import format_bytes
 from .compare import COMPARED, CompareError, compare, policy_changes, tolerances
@@ -31,19 +31,8 @@ from .render import format_value
 
 def unsafe_name(component: object) -> str | None:
     """Why a backend, scenario or variant name cannot be one path component, or None."""
-    if not isinstance(component, str):
-        return "is not a string"
-    if not component:
-        return "is empty"
-    if component in (".", ".."):
-        return "is a relative folder"
-    if "/" in component or "\\" in component:
-        return "contains a path separator"
-    if PurePosixPath(component).is_absolute() or PureWindowsPath(component).anchor:
-        return "is an absolute path"
-    if any(unicodedata.category(c) == "Cc" for c in component):
-        return "contains a control character"
-    return None
+    found = flaw(component)
+    return None if found is None else found.value
 
 
 def baseline_path(root: Path, summary: Summary) -> Path:

@@ -7,7 +7,7 @@ one step bracketed by the probe, and an idle sample follows each request or turn
 `Engine` is the loop with a synthetic forward pass (seeded K/V fed straight to the caches); the
 loop calls `generate` for a prompt's prefill and decode, and `make_caches` for fresh caches, the
 two seams `harness.run.model_engine.ModelEngine` replaces to serve a real mlx-lm model through
-`generate_step`. `create` picks the engine a scenario names. The engine
+`generate_step`; `harness.run.engines.create` picks the engine a scenario names. The engine
 serves in whatever process creates it: `harness.run.isolation.execute` creates one in a child
 process per variant (so a variant that segfaults or is killed for memory becomes a failed run
 instead of taking the others down), the scenario tests and the benchmark in their own.
@@ -24,7 +24,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..adapters import store_stats
-from ..components import resolve
+from ..components import construct
 from ..geometry import KIND_RECURRENT, KIND_SLIDING, Geometry
 from ..protocols import LayerCache, Session, Store
 from ..scenario import ChatSpec, ScenarioSpec, WorkloadSpec
@@ -65,20 +65,6 @@ def planned_steps(spec: ScenarioSpec) -> int:
     )
 
 
-def _component(spec: Any, first_arg: Any) -> Any:
-    return resolve(spec.component)(first_arg, **spec.options)
-
-
-def create(spec: ScenarioSpec, probe: Probe,
-           progress: Callable[[int], None] | None = None) -> Engine:
-    """The engine the scenario names (`engine:`), ready to serve in this process."""
-    if spec.engine == "mlx_lm":
-        from .model_engine import ModelEngine  # imports mlx-lm's model code only when used
-
-        return ModelEngine(spec, probe, progress)
-    return Engine(spec, probe, progress)
-
-
 class Engine:
     """Serves one scenario variant in this process, recording one probe row per step."""
 
@@ -89,9 +75,9 @@ class Engine:
         self.progress = progress
         self.geometry: Geometry = self.prepare()
         cache = spec.cache
-        self.store: Store | None = _component(cache.store, self.geometry) if cache.store else None
+        self.store: Store | None = construct(cache.store, self.geometry) if cache.store else None
         self.session: Session | None = (
-            _component(cache.session, self.geometry) if cache.session else None
+            construct(cache.session, self.geometry) if cache.session else None
         )
         self._live: list[list[LayerCache]] = []
         self._request = -1
@@ -111,9 +97,9 @@ class Engine:
             if layer.kind == KIND_RECURRENT:
                 caches.append(RecurrentState(layer))
             elif layer.kind == KIND_SLIDING:
-                caches.append(_component(self.spec.cache.sliding, layer))
+                caches.append(construct(self.spec.cache.sliding, layer))
             else:
-                caches.append(_component(self.spec.cache.layer, layer))
+                caches.append(construct(self.spec.cache.layer, layer))
         return caches
 
     def _record(self, phase: str, work: int, collected: int = 0, held: int = 0) -> None:

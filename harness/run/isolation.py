@@ -7,7 +7,7 @@ the last step it reached, and the other variants go on. User components are impo
 the child, so one that exits or crashes at import cannot end the parent.
 
 The child sends its rows back through a pipe, not a file, so nothing is left on disk when either
-side is killed; on Linux the child also dies with its parent (`PR_SET_PDEATHSIG`).
+side is killed; on Linux the child also dies with its parent (`harness.child`).
 
 The child works in two phases so that the parent can schedule by memory without importing user
 code: it computes its footprint estimate (which may import components), sends it, and waits for
@@ -17,11 +17,7 @@ the parent's verdict (`admit`): serve, or a refusal message. `harness.run.schedu
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import multiprocessing as mp
 import os
-import signal
-import sys
 import threading
 import time
 import traceback
@@ -33,15 +29,15 @@ from typing import Any
 import numpy as np
 import psutil
 
+from ..child import CONTEXT, Child, how
 from ..components import resolve
 from ..scenario import ComponentSpec, ScenarioSpec, Variant
-from .engine import create
+from .engines import create
 from .probe import ROW, Probe
 from .synthetic import SyntheticKV
 
 RUNTIME_SLACK = 256 * 2**20  # interpreter, MLX and the sample rows
 DEFAULT_TIMEOUT = 1800.0  # seconds; a scenario or `--timeout` says otherwise
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -114,30 +110,15 @@ def fits_alone(estimate: int) -> str | None:
     return refusal(estimate, available) if estimate > available else None
 
 
-def _die_with_parent(parent: int) -> None:
-    """Ask Linux to kill this child when its parent goes, however the parent ends."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the parent was gone before the request took effect
-            os._exit(1)
-
-
-def _child(variant: Variant, pipe: Connection, verdicts: Connection, last_step,
-           parent: int) -> None:
-    """Runs in the child: estimate, wait for the parent's verdict, serve, send rows and outcome.
-
-    Ctrl-C reaches the whole process group; the parent decides what the child does about it.
-    """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent(parent)
+def _child(variant: Variant, last_step: Any, pipe: Connection) -> None:
+    """Runs in the child: estimate, wait for the parent's verdict, serve, send rows and outcome."""
     probe = Probe()
     message: dict = {"error": None, "completed": False, "estimate": 0, "refused": None}
     engine = None
     try:
         message["estimate"] = estimate = estimate_bytes(variant.spec)
         pipe.send({"estimate": estimate})
-        message["refused"] = verdicts.recv()  # None: serve
+        message["refused"] = pipe.recv()  # None: serve
         if message["refused"] is None:
             engine = create(variant.spec, probe, lambda steps: setattr(last_step, "value", steps))
             engine.serve()
@@ -160,12 +141,6 @@ def _child(variant: Variant, pipe: Connection, verdicts: Connection, last_step,
         os._exit(1)
 
 
-def _how(code: int | None) -> str:
-    if code is None:
-        return "did not exit"
-    return f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
-
-
 def execute(variant: Variant, on_step: Callable[[int], None] | None = None,
             timeout: float | None = None, admit: Callable[[int], str | None] = fits_alone,
             stop: threading.Event | None = None) -> RunOutcome:
@@ -179,31 +154,19 @@ def execute(variant: Variant, on_step: Callable[[int], None] | None = None,
     by another thread, kills the child as an interrupt would.
     """
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
-    context = mp.get_context("spawn")
-    last_step = context.Value("q", 0, lock=False)
-    receive, send = context.Pipe(duplex=False)
-    verdicts, verdict = context.Pipe(duplex=False)
-    child = context.Process(target=_child,
-                            args=(variant, send, verdicts, last_step, os.getpid()),
-                            name=f"kvmem {variant.label}", daemon=True)
+    last_step = CONTEXT.Value("q", 0, lock=False)
     start = time.perf_counter()
     message: dict | None = None
     ended = None  # why the parent killed the child, if it did
-    try:
-        child.start()
-        send.close()
-        verdicts.close()
+    with Child(_child, variant, last_step, grace=30, name=f"kvmem {variant.label}") as child:
         while message is None:
-            if receive.poll(0.1):
-                try:
-                    message = receive.recv()
-                except (EOFError, OSError):
-                    break  # the child died while sending, or before
-                if "rows" not in message:  # the estimate: the child waits for a verdict
-                    start += _judge(message["estimate"], admit, verdict)
-                    message = None
-            elif not child.is_alive() and not receive.poll(0):
-                break
+            try:
+                message = child.receive(0.1)
+            except EOFError:
+                break  # the child died while sending, or before
+            if message is not None and "rows" not in message:  # the estimate: awaits a verdict
+                start += _judge(message["estimate"], admit, child.pipe)
+                message = None
             if on_step is not None:
                 on_step(last_step.value)
             if time.perf_counter() - start > timeout:
@@ -211,26 +174,18 @@ def execute(variant: Variant, on_step: Callable[[int], None] | None = None,
             elif stop is not None and stop.is_set():
                 ended = "interrupted"
             if ended:
+                child.process.kill()
                 break
-        if ended:
-            child.kill()
-        child.join(timeout=30)
-    finally:
-        if child.is_alive():
-            child.kill()
-            child.join()
-        receive.close()
-        verdict.close()
-    return _outcome(variant, message or {}, ended, child.exitcode, last_step.value,
+    return _outcome(variant, message or {}, ended, child.process.exitcode, last_step.value,
                     time.perf_counter() - start)
 
 
-def _judge(estimate: int, admit: Callable[[int], str | None], verdict: Connection) -> float:
+def _judge(estimate: int, admit: Callable[[int], str | None], pipe: Connection) -> float:
     """Send the child its verdict; the seconds spent deciding (waiting for memory)."""
     began = time.perf_counter()
     decision = admit(estimate)
     with contextlib.suppress(OSError):  # a child that died meanwhile is seen by the caller
-        verdict.send(decision)
+        pipe.send(decision)
     return time.perf_counter() - began
 
 
@@ -246,7 +201,7 @@ def _outcome(variant: Variant, message: dict, ended: str | None, code: int | Non
     elif message.get("error"):
         error = message["error"]
     elif not message.get("completed"):
-        error = (f"the variant's process {_how(code)} at step {steps} before completing its "
+        error = (f"the variant's process {how(code)} at step {steps} before completing its "
                  "workload")
     else:
         return RunOutcome(variant, "ok", rows, None, code, steps, wall, estimate,

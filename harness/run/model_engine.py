@@ -56,10 +56,11 @@ from mlx_lm.generate import BatchGenerator, generate_step, generation_stream
 from mlx_lm.models.cache import trim_prompt_cache
 
 from .. import models
+from ..components import construct
 from ..geometry import KIND_RECURRENT, KIND_SLIDING, Geometry
 from ..protocols import LayerCache
 from ..scenario import ScenarioSpec
-from .engine import Engine, _component
+from .engine import Engine
 from .probe import Probe
 
 
@@ -92,8 +93,8 @@ class ModelEngine(Engine):
         if not {"layer", "sliding"} & cache.model_fields_set:
             return own
         return [own[layer.index] if layer.kind == KIND_RECURRENT
-                else _component(cache.sliding if layer.kind == KIND_SLIDING else cache.layer,
-                                layer)
+                else construct(cache.sliding if layer.kind == KIND_SLIDING else cache.layer,
+                               layer)
                 for layer in self.geometry.layers]
 
     def _fed(self, tokens: int) -> int:

@@ -1,0 +1,101 @@
+"""Child processes for user code: neither can one outlive kvmem nor hang it.
+
+User code (components imported to check them, a variant served) runs in a spawned child, so
+that one that exits, crashes or hangs becomes an error message instead of the end of kvmem. The
+child ignores Ctrl-C, which reaches the whole process group: the parent decides what the child
+does about it. On Linux the child dies with its parent (`PR_SET_PDEATHSIG`), however the parent
+ends. The parent talks to it over one two-way pipe and kills and joins it however the `with`
+block ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import multiprocessing as mp
+import os
+import signal
+import sys
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from types import TracebackType
+from typing import Any
+
+CONTEXT = mp.get_context("spawn")  # a fresh interpreter: none of the parent's threads or locks
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """Ask Linux to kill this process when `parent` goes, however it ends; exit at once if it
+    is gone already. A process kvmem starts with `subprocess.Popen` gets the same with
+    `preexec_fn=functools.partial(die_with_parent, os.getpid())`."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent was gone before the request took effect
+            os._exit(1)
+
+
+def _run(parent: int, target: Callable[..., object], args: tuple, pipe: Connection) -> None:
+    """The child's entry: deaf to Ctrl-C and bound to its parent before anything else runs."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(parent)
+    target(*args, pipe)
+
+
+def how(code: int | None) -> str:
+    """How a child with exit code `code` ended, as an error message says it."""
+    if code is None:
+        return "did not exit"
+    return f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+
+
+class Child:
+    """`target(*args, pipe)` in a spawned child for the length of a `with` block.
+
+    `pipe` is the child's end of a two-way pipe, `self.pipe` the parent's. Leaving the block
+    normally gives the child `grace` seconds to exit; leaving it by an exception (an interrupt)
+    gives it none; either way a child still alive is then killed, and joined.
+    """
+
+    def __init__(self, target: Callable[..., object], *args: Any, grace: float,
+                 name: str | None = None) -> None:
+        self.pipe, self._end = CONTEXT.Pipe()
+        self.process = CONTEXT.Process(target=_run, args=(os.getpid(), target, args, self._end),
+                                       name=name, daemon=True)
+        self.grace = grace
+
+    def __enter__(self) -> Child:
+        try:
+            self.process.start()
+        except BaseException:
+            self.pipe.close()
+            raise
+        finally:
+            self._end.close()  # the child's own: the parent sees EOF once the child has gone
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        try:
+            if kind is None:
+                self.process.join(timeout=self.grace)
+        finally:
+            if self.process.is_alive():
+                self.process.kill()
+            self.process.join()
+            self.pipe.close()
+
+    def receive(self, timeout: float) -> Any:
+        """The child's next message (never None), or None while the child is alive and has
+        sent nothing for `timeout` seconds; EOFError once it has ended without sending one or
+        died while sending."""
+        if not self.pipe.poll(timeout):
+            if self.process.is_alive():
+                return None
+            if not self.pipe.poll(0):
+                raise EOFError("the child ended without sending a message")
+        try:
+            return self.pipe.recv()
+        except OSError as exc:
+            raise EOFError(f"the child's pipe broke: {exc}") from exc

@@ -1,0 +1,28 @@
+"""Before any run: every component a scenario file names resolves and takes its options.
+
+User code is imported once per file, in a child process (`harness.components.check`), so a
+component that exits, crashes or hangs at import is bad input rather than the end of kvmem.
+"""
+
+from __future__ import annotations
+
+from ..components import Binding
+from ..components import check as check_components
+from .schema import ScenarioSpec
+
+
+def bindings(spec: ScenarioSpec, where: str) -> list[Binding]:
+    """The components a variant names, each with the argument its factory is called with
+    (building the geometry, which on the mlx_lm engine may raise `models.ModelError`)."""
+    geometry = spec.geometry()
+    roles = {"layer": geometry.layers[0], "sliding": geometry.layers[0],
+             "store": geometry, "session": geometry}
+    return [Binding(f"{where}cache.{role}", component.component, component.options, first_arg)
+            for role, first_arg in roles.items()
+            if (component := getattr(spec.cache, role)) is not None]
+
+
+def first_problem(bound: list[Binding]) -> str | None:
+    """Why the first component that cannot be built as written cannot, or None when all can."""
+    problems = check_components(bound)
+    return problems[0] if problems else None
