@@ -52,11 +52,15 @@ def _variants(paths: Sequence[str | Path], only: list[str] | None = None,
     if not variants:
         raise ScenarioError(f"{', '.join(map(str, paths))}: no scenario files (*.yaml) found")
     if console is not None:
-        caches = [v.spec.cache for v in variants]
-        parts = [c for cache in caches for c in (cache.layer, cache.sliding, cache.store,
-                                                  cache.session) if c is not None]
-        term.warn(console, bound_warnings(import_paths(parts)))
+        term.warn(console, bound_warnings((", ".join(_user_components(v)), v.packages)
+                                          for v in variants if v.packages))
     return variants
+
+
+def _user_components(variant: Variant) -> list[str]:
+    cache = variant.spec.cache
+    return import_paths(c for c in (cache.layer, cache.sliding, cache.store, cache.session)
+                        if c is not None)
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:

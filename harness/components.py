@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any
 
 from mlx_lm.models import cache as mlx_cache
@@ -99,26 +101,43 @@ def is_import_path(name: str) -> bool:
     return name not in REGISTRY and ":" in name
 
 
+def _user_names(component: str, options: dict[str, Any]) -> list[str]:
+    """The import paths a component runs: its own, and the store `adapt.remaining` wraps."""
+    wrapped = options.get("store") if component == "adapt.remaining" else None
+    return [name for name in (component, wrapped) if isinstance(name, str) and is_import_path(name)]
+
+
 def import_paths(components: Iterable[Any]) -> list[str]:
     """The import paths among scenario components (objects with `component` and `options`),
     with the store that `adapt.remaining` wraps, each once, in order."""
-    names: dict[str, None] = {}
-    for spec in components:
-        wrapped = spec.options.get("store") if spec.component == "adapt.remaining" else None
-        for name in (spec.component, wrapped):
-            if isinstance(name, str) and is_import_path(name):
-                names[name] = None
-    return list(names)
+    names = (name for spec in components for name in _user_names(spec.component, spec.options))
+    return list(dict.fromkeys(names))
+
+
+# What the engines use of each role's component; a missing member fails the run mid-way.
+MEMBERS = {
+    "layer": ("update_and_fetch", "nbytes", "state"),
+    "sliding": ("update_and_fetch", "nbytes", "state"),
+    "store": ("fetch", "store", "on_prefill", "nbytes", "close"),
+    "session": ("start_turn", "evict", "keep_logits", "nbytes"),
+}
 
 
 @dataclass(frozen=True)
 class Binding:
-    """One component of a scenario to check: where it is named, what, and its first argument."""
+    """One component of a scenario to check: where it is named, its role, what, and its first
+    argument."""
 
     field: str  # e.g. "variant 'after': cache.store"
+    role: str   # a key of MEMBERS
     name: str
     options: dict[str, Any]
     first_arg: Any
+
+    @property
+    def user_code(self) -> bool:
+        """Whether building it runs user code: an import path, or an adapter wrapping one."""
+        return bool(_user_names(self.name, self.options))
 
 
 def _bind(binding: Binding) -> str | None:
@@ -136,26 +155,77 @@ def _bind(binding: Binding) -> str | None:
     return None
 
 
-def _bind_in_child(bindings: list[Binding], pipe: Any) -> None:
-    pipe.send([_bind(b) for b in bindings])
+def _build(binding: Binding) -> str | None:
+    """Why `binding` cannot be built, or lacks what its role uses: user code is built once here,
+    so an option that a `**options` glue passes on, or a member it lacks, fails before the run."""
+    problem = _bind(binding)
+    if problem:
+        return problem
+    try:
+        built = resolve(binding.name)(binding.first_arg, **binding.options)
+    except Exception as exc:  # the user's constructor: any failure is theirs to read
+        return f"{binding.field}.options: {type(exc).__name__}: {exc} (building {binding.name})"
+    missing = [m for m in MEMBERS[binding.role] if not _has(built, m)]
+    close = getattr(built, "close", None)
+    if binding.role == "store" and callable(close):
+        close()
+    if missing:
+        return (f"{binding.field}.component: {binding.name} builds a {type(built).__name__} "
+                f"without {', '.join(missing)} (a {binding.role} needs {', '.join(MEMBERS[binding.role])})")
+    return None
+
+
+def _has(built: Any, member: str) -> bool:
+    """Whether `built` has `member`; a property that raises (a wrapper whose inner store lacks
+    it) does not count."""
+    try:
+        getattr(built, member)
+    except Exception:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What the pre-run check found: each problem, and the installed packages (distribution ->
+    version) that building the user components loaded, kvmem's own aside."""
+
+    problems: list[str]
+    packages: dict[str, str] = field(default_factory=dict)
+
+
+def _build_in_child(bindings: list[Binding], pipe: Any) -> None:
+    before = set(sys.modules)
+    problems = [_build(b) for b in bindings]
+    pipe.send((problems, loaded_packages(set(sys.modules) - before)))
+
+
+def loaded_packages(modules: Iterable[str]) -> dict[str, str]:
+    """The installed distributions providing `modules` (kvmem aside), with their versions."""
+    owners = metadata.packages_distributions()
+    tops = sorted({name.partition(".")[0] for name in modules})
+    dists = sorted({dist for top in tops for dist in owners.get(top, []) if dist != "kvmem"})
+    return {dist: metadata.version(dist) for dist in dists}
 
 
 IMPORT_TIMEOUT = 120.0  # seconds for a child to import and bind a scenario's user components
 
 
-def check(bindings: list[Binding]) -> list[str]:
-    """Why each component cannot be built, so a typo fails before any run; empty when all can.
+def check(bindings: list[Binding]) -> Checked:
+    """Why each component cannot be built, so a typo fails before any run (empty problems when
+    all can), and the packages the user components loaded.
 
-    kvmem's own components are checked here. Components named by import path are user code
-    that may exit, crash or hang at import, so they are imported in a spawned child, all of a
-    scenario's at once, and a child that ends without answering is itself the error.
+    kvmem's own components are checked here, by their signature. Components that run user code
+    (an import path, or an adapter wrapping one) may exit, crash or hang at import, so they are
+    imported and built in a spawned child, all of a scenario's at once, and a child that ends
+    without answering is itself the error.
     """
-    user = [b for b in bindings if is_import_path(b.name)]
+    user = [b for b in bindings if b.user_code]
     problems = [p for b in bindings if b not in user if (p := _bind(b))]
     if not user:
-        return problems
+        return Checked(problems)
     answer, timed_out = None, False
-    with Child(_bind_in_child, user, grace=5) as child:
+    with Child(_build_in_child, user, grace=5) as child:
         try:
             answer = child.receive(IMPORT_TIMEOUT)
             timed_out = answer is None
@@ -164,6 +234,7 @@ def check(bindings: list[Binding]) -> list[str]:
     if answer is None:
         ended = f"hung for {IMPORT_TIMEOUT:g} s" if timed_out else how(child.process.exitcode)
         names = ", ".join(sorted({b.name for b in user}))
-        return [*problems, f"{user[0].field}.component: the process importing {names} {ended} "
-                           "before it could answer"]
-    return problems + [p for p in answer if p]
+        return Checked([*problems, f"{user[0].field}.component: the process importing {names} "
+                                   f"{ended} before it could answer"])
+    found, packages = answer
+    return Checked(problems + [p for p in found if p], packages)

@@ -43,7 +43,8 @@ def results(summaries: list[Summary]) -> Table:
         grid.add_column(column, justify="right" if "MiB" in column else "left",
                         no_wrap=column in ("scenario", "variant"))
     for s in summaries:
-        found = ", ".join(f"{f.kind}×{'?' if f.count is None else f.count}" for f in s.findings)
+        found = ", ".join(f"{f.kind}×{'?' if f.count is None else f.count}"
+                          + (" (warning)" if f.severity == "warning" else "") for f in s.findings)
         if not s.ok:
             verdict = f"[red]{escape(s.first_error)}[/red]"
         elif s.failed_expectations:
@@ -81,7 +82,8 @@ def details(console: Console, summaries: list[Summary]) -> None:
     for s in summaries:
         label = escape(s.label)
         for f in s.findings:
-            console.print(f"  {label}: [bold]{escape(f.kind)}[/bold] {escape(f.message)}")
+            warning = " (warning)" if f.severity == "warning" else ""
+            console.print(f"  {label}: [bold]{escape(f.kind)}[/bold]{warning} {escape(f.message)}")
         if s.model is not None and s.model.weights is not None:
             console.print(f"  {label}: model {escape(str(s.model.name))} "
                           f"({escape(str(s.model.engine))}, {escape(str(s.model.layers))} layers): "

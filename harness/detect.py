@@ -21,36 +21,54 @@ growth (min_bytes 512 KiB; checked only when stated)
     excess_i > min_bytes.
 
 At rest means the quiescent points q (the idle sample after each request or chat turn, the
-baseline excluded); there u = a − b − l is the memory no component reports. The trend test
-T(x) over a series past `warmup` points (at least 3): deltas d_k and a least-squares line with
-slope σ and coefficient of determination r²; the rate is median(d) when every d_k > 0, else σ;
-x rises when rate ≥ its floor and either every d_k > 0 or r² ≥ r2. The split S: over every
-quiescent point, the rises of u (positive Δu) where l rose too (Δl > 0) against those where l
-did not; u rose "in step" when the first sum ≥ the second. Leak and retained take the two
-sides of S, so one rising excess gives one of them, not both.
+baseline excluded); there c = the MLX bytes unreachable reference cycles hold (`cyclic`,
+found without freeing them) and u = a − b − l − c is the memory nothing accounts for: no
+component reports it, and no cycle holds it. Each byte at rest is so attributed once: cycle
+garbage to gc_deferred, reported bytes to unbounded, the rest to leak or retained.
 
-leak (warmup 1, min_bytes 64 KiB, r2 0.9; expected none)
-    T(u) with floor min_bytes, and u not in step (S): memory at rest that the reported bytes
-    do not explain keeps rising. Reports the rate, per request (or chat turn). A store that
-    grows by design and reports it is not a leak (unbounded).
-unbounded (budget None, warmup 1, min_bytes 64 KiB, r2 0.9; expected none)
-    T(l) with floor min_bytes, and l at the last quiescent point > budget: the reported bytes
-    keep growing past what the scenario allows. Reports the rate per request (or turn). With
-    no budget (the default) it is not checked: nothing says how much is too much.
-retained (min_bytes 1 MiB, ratio 0.25, warmup 1, min_rate 64 KiB, r2 0.9; expected none)
-    excess_i = a_i − b − l_i. When T(u) with floor min_rate rises and u is not in step (S),
-    nothing: that excess is leak's (give both the same warm-up). Otherwise flagged where
+The trend test T(x) over a series past `warmup` points: not held, i.e. its last `hold` deltas
+or more are flat (each |Δ| and their sum < the floor) and more than any flat run while it
+rose (a cache that filled and stopped); from its onset, the last point of a flat start
+(values within the floor of the first), at least 3 points; deltas d_k and a least-squares
+line with slope σ and coefficient of determination r²; the rate is median(d) when every
+d_k > 0, else σ; x rises when rate ≥ its floor and either every d_k > 0 or r² ≥ r2. The split
+S: over every quiescent point, the rises of u (positive Δu) where l rose too (Δl > 0) against
+those where l did not; u rose "in step" when the first sum ≥ the second. Leak and retained
+take the two sides of S, so one rising excess gives one of them, not both.
+
+leak (warmup 1, min_bytes 64 KiB, r2 0.9, hold 3; expected none)
+    T(u) with floor min_bytes, and u not in step (S): memory at rest that nothing accounts for
+    keeps rising. Reports the rate from the onset, per request (or chat turn). A store that
+    grows by design and reports it is not a leak (unbounded), nor is memory that fills and
+    holds (plateau).
+unbounded (budget None, warmup 1, min_bytes 64 KiB, r2 0.9, hold 3; expected none)
+    T(l) with floor min_bytes: the reported bytes keep growing with no plateau. With a budget,
+    an error when l at the last quiescent point > budget (nothing within it); with none, a
+    warning, which a scenario's default expectation lets pass and a stated one does not.
+plateau (min_bytes 1 MiB, flat 64 KiB, hold 3; checked only when stated)
+    t = a − b at rest rose by at least min_bytes, then held: its last `hold` deltas or more
+    are flat (each |Δ| and their sum < flat) and more than any flat run before. Filled to a
+    level, not leaking.
+retained (min_bytes 1 MiB, ratio 0.25, warmup 1, min_rate 64 KiB, r2 0.9, hold 3; expected none)
+    excess_i = a_i − b − l_i − c_i, where a step's c_i is the larger of the measurements at
+    rest before and after it. Nothing when l is 0 at every quiescent point past the warm-up
+    (no byte accounting: nothing to hold the allocator to). When T(u) with floor min_rate
+    rises and u is not in step (S), nothing: that excess is leak's (give both the same
+    warm-up). Otherwise flagged where
     excess_i > max(min_bytes, ratio × l_i) at any step, reported at the largest; else where
     T(u) rises in step: small waste in every entry stored (a slice that keeps unused slots
     alive), reported as the excess at the last quiescent point.
+aliased (min_bytes 1 MiB; expected none)
+    over_i = l_i − (a_i − b); flagged where over_i > min_bytes: the components report more
+    than exists, the same arrays counted twice (a fetch that hands out the store's own
+    cache objects).
 host_memory (min_bytes 32 MiB; expected none)
     o = rss − active − MLX cache on the CPU backend (its buffers live in RSS), else rss;
     rise_i = o_i − o_0 at each idle point; flagged where rise_i > min_bytes and
     rise_i > a_i − b.
 gc_deferred (min_bytes 64 KiB; expected none)
-    c_q = the MLX bytes `gc.collect()` freed just before quiescent sample q (the `collected`
-    column; 0 when `sampling.collect_cycles` is false); flagged where c_q > min_bytes:
-    reference cycles held MLX buffers until the cycle collector ran.
+    c_q at each quiescent point (0 when `sampling.find_cycles` is false); flagged where
+    c_q > min_bytes: unreachable reference cycles hold MLX buffers until the collector runs.
 pooled (min_bytes None: 64 MiB on CPU, unchecked elsewhere; expected none)
     k_q = MLX's buffer cache (`cache`, freed buffers kept for reuse) at quiescent point q;
     flagged where k_q > min_bytes. MLX's default cache limit on the CPU backend is 32 MiB, so
@@ -81,12 +99,17 @@ Presence = Literal["none", "detected"]
 
 @dataclass
 class Finding:
+    """What a detector found. `severity` "warning": shown and recorded, but a scenario's default
+    expectation of none is not failed by it (growth with no budget stated); only an expectation
+    the scenario states is."""
+
     kind: str
     step: int
     bytes: int
     count: int
     message: str
     steps: list[int] = field(default_factory=list)
+    severity: Literal["error", "warning"] = "error"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -173,26 +196,41 @@ def quiescent(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def unexplained(rows: pd.DataFrame, frame: pd.DataFrame) -> pd.Series:
-    """Active memory above the run's baseline that the components' reported bytes do not
-    account for: what the allocator holds that no component says it keeps."""
-    return rows["active"] - frame["active"].iloc[0] - rows["logical"]
+    """Active memory above the run's baseline that neither the components' reported bytes nor
+    unreachable cycles (gc_deferred's) account for: what the allocator holds that nothing
+    says it keeps."""
+    return rows["active"] - frame["active"].iloc[0] - rows["logical"] - cycles_around(rows, frame)
+
+
+def cycles_around(rows: pd.DataFrame, frame: pd.DataFrame) -> pd.Series:
+    """What cycle garbage may hold at each of `rows`: measured at idle points only, so a step
+    takes the larger of the measurements at rest before and after it (garbage made during a
+    request is still there at its end, unless the collector ran)."""
+    measured = frame["cyclic"].where(frame["phase"] == "idle")
+    spread = np.maximum(measured.ffill().fillna(0), measured.bfill().fillna(0))
+    return spread.loc[rows.index]
 
 
 class TrendThresholds(Thresholds):
     """How a series at rest must rise to count (`rising`): past `warmup` quiescent points,
-    every delta positive or a line fit with r² ≥ `r2`. Each detector adds its own floor."""
+    every delta positive or a line fit with r² ≥ `r2`; and not held: a series whose last
+    `hold` deltas or more are flat, longer than any pause while it rose, has filled and
+    stopped. Each detector adds its own floor."""
 
     warmup: Annotated[int, Field(ge=0, le=MAX_WARMUP)] = 1
     r2: Annotated[float, Field(ge=0.0, le=1.0)] = 0.9
+    hold: Annotated[int, Field(ge=1, le=MAX_WARMUP)] = 3
 
 
 @dataclass(frozen=True)
 class Trend:
-    """A series that keeps rising: bytes per point, the line fit's r², how many deltas."""
+    """A series that keeps rising: bytes per point, the line fit's r², how many deltas, and
+    the point where the rise begins (after a flat start)."""
 
     rate: float
     r2: float
     deltas: int
+    start: int = 0
 
 
 def _fit(values: np.ndarray) -> tuple[float, float]:
@@ -204,20 +242,60 @@ def _fit(values: np.ndarray) -> tuple[float, float]:
     return float(slope), float(r2)
 
 
-def rising(values: pd.Series, min_rate: float, r2: float) -> Trend | None:
-    """The trend test: at least 3 values; the rate is the median delta when every delta is
-    positive, else the fitted slope; rising when rate ≥ min_rate and either every delta is
-    positive or the fit's r² ≥ r2."""
+def _runs(flat: np.ndarray) -> list[int]:
+    """The lengths of the runs of True in `flat`, in order."""
+    runs, length = [], 0
+    for value in flat:
+        if value:
+            length += 1
+        elif length:
+            runs.append(length)
+            length = 0
+    return [*runs, length] if length else runs
+
+
+def held(values: np.ndarray, floor: float, hold: int) -> int:
+    """How many flat deltas end the series when they make it held, else 0: each |Δ| < floor
+    and together less than floor (a slow rise is not flat), at least `hold` of them and more
+    than any flat run before them (a pause while it rose), after a rise of at least floor."""
+    deltas = np.diff(values)
+    flat = np.abs(deltas) < floor
+    if len(deltas) == 0 or not flat[-1]:
+        return 0
+    runs = _runs(flat)
+    tail, pauses = runs[-1], runs[:-1]
+    rose = bool((deltas[: len(deltas) - tail] >= floor).any())
+    still = abs(deltas[len(deltas) - tail:].sum()) < floor
+    return tail if rose and still and tail >= hold and tail > max(pauses, default=0) else 0
+
+
+def onset(values: np.ndarray, floor: float) -> int:
+    """Where a rise begins: the last point of the flat start (values within `floor` of the
+    first), so a rate is fitted where the growth is, not over a fill or a warm-up before it."""
+    away = np.flatnonzero(np.abs(values - values[0]) >= floor)
+    return max(int(away[0]) - 1, 0) if len(away) else 0
+
+
+def rising(values: pd.Series, min_rate: float, r2: float, hold: int = 3) -> Trend | None:
+    """The trend test: not held (`held`); from its onset, at least 3 values; the rate is the
+    median delta when every delta is positive, else the fitted slope; rising when rate ≥
+    min_rate and either every delta is positive or the fit's r² ≥ r2."""
     if len(values) < 3:
         return None
-    series = values.to_numpy(dtype=float)
+    whole = values.to_numpy(dtype=float)
+    if held(whole, min_rate, hold):
+        return None
+    start = onset(whole, min_rate)
+    series = whole[start:]
+    if len(series) < 3:
+        return None
     deltas = np.diff(series)
     slope, fit = _fit(series)
     every = bool((deltas > 0).all())
     rate = float(np.median(deltas)) if every else slope
     if rate < min_rate or not (every or fit >= r2):
         return None
-    return Trend(rate, fit, len(deltas))
+    return Trend(rate, fit, len(deltas), start)
 
 
 def in_step(frame: pd.DataFrame) -> bool:
@@ -242,24 +320,35 @@ class LeakThresholds(TrendThresholds):
     min_bytes: Size = 64 * 2**10
 
 
+def _since(trend: Trend, points: pd.DataFrame, unit: str) -> str:
+    """` from request 9` where the rise begins after a flat start, else nothing."""
+    if trend.start == 0:
+        return ""
+    label = points["turn" if unit == "turn" else "request"].iloc[trend.start]
+    return f" from {unit} {label}"
+
+
 def leak(frame: pd.DataFrame, t: LeakThresholds, backend: str) -> Finding | None:
-    """Leak: memory at rest that no component reports keeps rising past the warm-up, and not
-    in step with what the components report (that is `retained`'s waste per entry).
+    """Leak: memory at rest that no component reports (nor cycle garbage) keeps rising past the
+    warm-up without levelling off, and not in step with what the components report (that is
+    `retained`'s waste per entry).
 
     A store that grows by design reports what it holds, so its growth is not a leak (see
-    `unbounded`). A trend over requests rather than a set of steps, so it states its own
-    figures: the rate per request (or turn) at the last point, over every delta.
+    `unbounded`); memory that fills and holds is not either (see `plateau`). A trend over
+    requests rather than a set of steps, so it states its own figures: the rate per request
+    (or turn), fitted from where the rise begins.
     """
     points = quiescent(frame).iloc[t.warmup:]
-    trend = rising(unexplained(points, frame), t.min_bytes, t.r2)
+    trend = rising(unexplained(points, frame), t.min_bytes, t.r2, t.hold)
     if trend is None or in_step(frame):
         return None
     unit = _unit(points)
     return Finding(
         "leak", int(points["step"].iloc[-1]), round(trend.rate), trend.deltas,
-        f"memory at rest that no component reports grows {trend.rate:,.0f} B per {unit} over "
-        f"{trend.deltas} {unit}s after a warm-up of {t.warmup} (fit r²={trend.r2:.3f})",
-        points["step"].head(MAX_STEPS_LISTED).tolist())
+        f"memory at rest that no component reports grows {trend.rate:,.0f} B per {unit}"
+        f"{_since(trend, points, unit)} over {trend.deltas} {unit}s after a warm-up of "
+        f"{t.warmup} (fit r²={trend.r2:.3f})",
+        points["step"].iloc[trend.start:].head(MAX_STEPS_LISTED).tolist())
 
 
 class UnboundedThresholds(TrendThresholds):
@@ -268,24 +357,57 @@ class UnboundedThresholds(TrendThresholds):
 
 
 def unbounded(frame: pd.DataFrame, t: UnboundedThresholds, backend: str) -> Finding | None:
-    """Unbounded: the bytes the components report at rest keep rising, past a stated budget.
+    """Unbounded: the bytes the components report at rest keep rising, with no plateau.
 
-    Honest growth: the store says what it holds, it just never stops holding more. Without a
-    budget nothing says how much is too much, so nothing is checked.
+    Honest growth: the store says what it holds, it just never stops holding more. Past a
+    stated budget that is an error; within it, nothing; with no budget stated, a warning
+    (nothing says how much is too much, but nothing says it stops either).
     """
     points = quiescent(frame).iloc[t.warmup:]
-    if t.budget is None or points.empty or points["logical"].iloc[-1] <= t.budget:
-        return None
-    trend = rising(points["logical"], t.min_bytes, t.r2)
+    trend = rising(points["logical"], t.min_bytes, t.r2, t.hold)
     if trend is None:
         return None
-    unit, held = _unit(points), points["logical"].iloc[-1]
+    unit, reported = _unit(points), points["logical"].iloc[-1]
+    if t.budget is not None and reported <= t.budget:
+        return None
+    where = (f"over the budget of {mib(t.budget)} MiB" if t.budget is not None else
+             "with no budget stated (detect.unbounded.budget)")
     return Finding(
         "unbounded", int(points["step"].iloc[-1]), round(trend.rate), trend.deltas,
-        f"components report {mib(held)} MiB at rest, over the budget of {mib(t.budget)} MiB, "
-        f"growing {trend.rate:,.0f} B per {unit} over {trend.deltas} {unit}s "
+        f"components report {mib(reported)} MiB at rest, {where}, growing {trend.rate:,.0f} B "
+        f"per {unit}{_since(trend, points, unit)} over {trend.deltas} {unit}s with no plateau "
         f"(fit r²={trend.r2:.3f})",
-        points["step"].head(MAX_STEPS_LISTED).tolist())
+        points["step"].iloc[trend.start:].head(MAX_STEPS_LISTED).tolist(),
+        "error" if t.budget is not None else "warning")
+
+
+class PlateauThresholds(Thresholds):
+    """`min_bytes`: how far memory at rest must have risen; `flat`: a change smaller than this
+    is no change; `hold`: flat deltas at the end, more than any pause while it rose."""
+
+    min_bytes: Size = 2**20
+    flat: Size = 64 * 2**10
+    hold: Annotated[int, Field(ge=1, le=MAX_WARMUP)] = 3
+
+
+def plateau(frame: pd.DataFrame, t: PlateauThresholds, backend: str) -> Finding | None:
+    """Plateau: memory at rest rose, then held: a cache filling to its budget, not a leak.
+
+    Said so that a reader of the plot does not take the rise for a leak (a cache filling to a
+    48 GiB budget reads as one); leak and unbounded stay silent on such a series.
+    """
+    points = quiescent(frame)
+    total = (points["active"] - frame["active"].iloc[0]).to_numpy(dtype=float)
+    tail = held(total, t.flat, t.hold) if len(total) >= 2 else 0
+    if not tail or total[-1] - total[0] < t.min_bytes:
+        return None
+    unit = _unit(points)
+    first = len(points) - 1 - tail
+    return Finding(
+        "plateau", int(points["step"].iloc[first]), int(total[-1]), tail,
+        f"memory at rest rose to {mib(total[-1])} MiB by step {points['step'].iloc[first]} and "
+        f"held there over the last {tail} {unit}s: filled, not leaking",
+        points["step"].iloc[first:].head(MAX_STEPS_LISTED).tolist())
 
 
 class RetainedThresholds(TrendThresholds):
@@ -300,11 +422,16 @@ def retained(frame: pd.DataFrame, t: RetainedThresholds, backend: str) -> Findin
     A slice that keeps a whole pre-allocated buffer alive reports the slice's bytes while the
     buffer stays allocated. Where each entry wastes little, no step crosses the ratio, but the
     excess at rest keeps rising with every entry stored: that trend is flagged too. An excess
-    at rest that keeps rising while the reported bytes do not is a leak, and left to `leak`.
+    at rest that keeps rising while the reported bytes do not is a leak, and left to `leak`;
+    what unreachable cycles hold is gc_deferred's. Where nothing is reported at rest (a store
+    with no byte accounting), there is no report to hold the allocator to: the shape of that
+    memory is leak's and plateau's to judge.
     """
     points = quiescent(frame).iloc[t.warmup:]
+    if not (points["logical"] > 0).any():
+        return None  # nothing reported at rest (no byte accounting): no report to hold it to
     at_rest = unexplained(points, frame)
-    trend = rising(at_rest, t.min_rate, t.r2)
+    trend = rising(at_rest, t.min_rate, t.r2, t.hold)
     if trend is not None and not in_step(frame):
         return None
     excess = unexplained(frame, frame)
@@ -321,6 +448,26 @@ def retained(frame: pd.DataFrame, t: RetainedThresholds, backend: str) -> Findin
         f"MiB the components report at rest, rising {trend.rate:,.0f} B per {unit} in step "
         f"with them (fit r²={trend.r2:.3f})",
         points["step"].head(MAX_STEPS_LISTED).tolist())
+
+
+class AliasThresholds(Thresholds):
+    min_bytes: Size = 2**20
+
+
+def aliased(frame: pd.DataFrame, t: AliasThresholds, backend: str) -> Finding | None:
+    """Aliased: the components report more than MLX holds above the baseline.
+
+    Every byte reported is an array alive since the baseline, so reporting more than exists
+    counts the same arrays twice: a fetch that hands out the store's own cache objects (which
+    the request then updates in place, and the store still counts), or two components
+    holding one entry.
+    """
+    over = frame["logical"] - (frame["active"] - frame["active"].iloc[0])
+    hits = frame[over > t.min_bytes]
+    return from_hits("aliased", hits, over, lambda at: (
+        f"components report {mib(over[at])} MiB more than MLX holds above the baseline at step "
+        f"{frame['step'][at]} ({frame['phase'][at]}): the same arrays counted twice, as when a "
+        f"fetch hands out the store's own cache objects"))
 
 
 class HostThresholds(Thresholds):
@@ -354,18 +501,19 @@ class GcThresholds(Thresholds):
 
 
 def gc_deferred(frame: pd.DataFrame, t: GcThresholds, backend: str) -> Finding | None:
-    """Deferred by the cycle collector: MLX memory that only `gc.collect()` freed at rest.
+    """Deferred by the cycle collector: MLX memory that unreachable reference cycles hold at
+    rest, freed only when Python's cycle collector runs, whenever that is in a server.
 
     Reference cycles (an entry holding a helper closure that refers back to the entry) keep
-    their arrays until Python's cycle collector runs, whenever that is in a server. The engine
-    collects at each idle point and records what that freed (`collected`).
+    their arrays after the entry is dropped. The engine finds them at each idle point without
+    freeing them (`cyclic`, harness.run.probe.cycle_garbage).
     """
     points = quiescent(frame)
-    freed = points["collected"]
-    hits = points[freed > t.min_bytes]
-    return from_hits("gc_deferred", hits, freed, lambda at: (
-        f"the cycle collector freed {mib(freed[at])} MiB of MLX memory at rest (step "
-        f"{frame['step'][at]}): reference cycles held it until then"))
+    held_by_cycles = points["cyclic"]
+    hits = points[held_by_cycles > t.min_bytes]
+    return from_hits("gc_deferred", hits, held_by_cycles, lambda at: (
+        f"unreachable reference cycles hold {mib(held_by_cycles[at])} MiB of MLX memory at rest "
+        f"(step {frame['step'][at]}), freed only when the cycle collector runs"))
 
 
 # Twice MLX's default cache limit on the CPU backend (32 MiB). Metal's and CUDA's defaults
@@ -415,14 +563,17 @@ class Detector:
 
 
 # In the order findings are reported. A growing cache spikes and grows by design, so only the
-# scenario can say whether it should; unbounded is checked only against a stated budget; the
+# scenario can say whether it should, and a plateau is what a filling cache does; unbounded
+# growth with no budget stated is a warning, which the default expectation lets pass; the
 # others are expected absent everywhere.
 DETECTORS: dict[str, Detector] = {
     "spike": Detector(spike, SpikeThresholds, None, Marker("v", "tab:red", "peak")),
     "growth": Detector(growth, GrowthThresholds, None, Marker("^", "tab:orange")),
     "leak": Detector(leak, LeakThresholds, "none", Marker("o", "tab:purple")),
     "unbounded": Detector(unbounded, UnboundedThresholds, "none", Marker("P", "tab:green")),
+    "plateau": Detector(plateau, PlateauThresholds, None, Marker("_", "tab:olive")),
     "retained": Detector(retained, RetainedThresholds, "none", Marker("s", "tab:brown")),
+    "aliased": Detector(aliased, AliasThresholds, "none", Marker("*", "tab:red")),
     "host_memory": Detector(host_memory, HostThresholds, "none", Marker("D", "tab:pink")),
     "gc_deferred": Detector(gc_deferred, GcThresholds, "none", Marker("X", "tab:cyan")),
     "pooled": Detector(pooled, PooledThresholds, "none", Marker("h", "tab:gray")),

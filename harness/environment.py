@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import platform
 import subprocess
+from pathlib import Path
 
 
 def backend() -> str:
@@ -21,17 +22,25 @@ def backend() -> str:
     return "cuda"
 
 
-def environment() -> dict:
-    """What produced a run's figures; summaries from different backends are never compared."""
-    import importlib.metadata as md
-
+def _revision(folder: Path) -> str | None:
+    """The git commit checked out in `folder`, or None outside a git work tree."""
     try:
-        revision = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-            check=False,
+        return subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "--short", "HEAD"], capture_output=True,
+            text=True, timeout=5, check=False,
         ).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
-        revision = None
+        return None
+
+
+def environment() -> dict:
+    """What produced a run's figures; summaries from different backends are never compared.
+
+    `git_revision` is the commit of the folder kvmem ran in (the project under test);
+    `kvmem` is kvmem's own version and, from a git checkout, its commit.
+    """
+    import importlib.metadata as md
+
     return {
         "backend": backend(),
         "mlx": md.version("mlx"),
@@ -39,5 +48,6 @@ def environment() -> dict:
         "python": platform.python_version(),
         "machine": platform.machine(),
         "platform": platform.platform(),
-        "git_revision": revision,
+        "git_revision": _revision(Path.cwd()),
+        "kvmem": {"version": md.version("kvmem"), "revision": _revision(Path(__file__).parent)},
     }

@@ -3,8 +3,10 @@
 A store written for mlx-lm 0.2x can run under 0.3x and measure something its authors never
 shipped: a cache class renamed, a copy that became lazy. The run still goes on (the user may
 know better), but its output says so, once per package and bound. Only installed packages
-declare bounds; a component loaded from a folder (`examples.leaky_store:LeakyStore`) has none.
-The check reads package metadata only, so no user code is imported in the parent.
+declare bounds; a component loaded from a folder (`examples.leaky_store:LeakyStore`) has none,
+but the packages it imports do. Which packages the components loaded comes from the pre-run
+check (harness.components.check, in a child); this module reads package metadata only, so no
+user code is imported in the parent.
 """
 
 from __future__ import annotations
@@ -44,18 +46,18 @@ def _broken_bounds(dist: str) -> list[tuple[Requirement, str]]:
     return broken
 
 
-def bound_warnings(import_paths: Iterable[str]) -> list[str]:
-    """One line per package and violated bound among the packages providing `import_paths`
-    (`package.module:factory`), naming the component, the bound and the installed version."""
-    owners = metadata.packages_distributions()
+def bound_warnings(loaded: Iterable[tuple[str, dict[str, str]]]) -> list[str]:
+    """One line per package and violated bound among the packages each component set loaded
+    (`loaded`: (what loaded them, {distribution: version})), naming the package, what loaded
+    it, the bound and the installed version. A glue module's imports count: the packages are
+    those the pre-run check saw loaded, not only the one owning the component's module."""
     lines: dict[tuple[str, str], str] = {}
-    for path in import_paths:
-        top = path.partition(":")[0].split(".")[0]
-        for dist in owners.get(top, []):
+    for who, packages in loaded:
+        for dist, version in packages.items():
             for requirement, installed in _broken_bounds(dist):
                 key = (canonicalize_name(dist), str(requirement))
                 lines.setdefault(key, (
-                    f"{path} comes from {dist} {metadata.version(dist)}, which requires "
+                    f"{who} loads {dist} {version}, which requires "
                     f"{requirement.name}{requirement.specifier}; installed is {installed} "
                     "(the run goes on)"))
     return list(lines.values())

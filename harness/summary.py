@@ -68,6 +68,7 @@ class FindingRecord:
     kind: str
     message: str
     count: int | None
+    severity: str  # "warning": shown, but no default expectation fails on it
 
 
 @dataclass(frozen=True)
@@ -231,7 +232,8 @@ def _typed(path: Path, data: dict) -> Summary:
     environment = _environment(data.get("environment"))
     error = _optional(data, "error", str, "text")
     recorded = _optional(data, "passed", bool, "true or false")
-    findings = tuple(FindingRecord(item["kind"], item["message"], _count(item.get("count")))
+    findings = tuple(FindingRecord(item["kind"], item["message"], _count(item.get("count")),
+                                   "warning" if item.get("severity") == "warning" else "error")
                      for item in _items(data, "findings", {"kind": str, "message": str}))
     expectations = tuple(
         Expectation(item["name"], item.get("expected"), item.get("actual"), item["ok"])

@@ -121,7 +121,7 @@ BASE = 100 * MiB
 
 
 def at_rest(active: list[int], logical: list[int], cache: list[int] | None = None,
-            collected: list[int] | None = None) -> pd.DataFrame:
+            cyclic: list[int] | None = None) -> pd.DataFrame:
     """The baseline (nothing held) and one idle sample per request, bytes above the baseline."""
     n = len(active)
     zeros = [0] * n
@@ -130,7 +130,7 @@ def at_rest(active: list[int], logical: list[int], cache: list[int] | None = Non
         "request": [-1, *range(n)], "turn": -1, "tokens": 0,
         "active": [BASE, *(BASE + a for a in active)], "peak": [BASE, *(BASE + a for a in active)],
         "cache": [0, *(cache or zeros)], "logical": [0, *logical], "host": 0,
-        "minimum": 0, "work": 0, "collected": [0, *(collected or zeros)],
+        "minimum": 0, "work": 0, "cyclic": [0, *(cyclic or zeros)],
     })
     return frame.assign(rss=frame["active"] + frame["cache"])   # nothing outside MLX
 
@@ -148,8 +148,12 @@ def evicting(broken: bool) -> pd.DataFrame:
     return at_rest(alive, held)
 
 
-def test_a_store_filling_to_its_limit_then_evicting_is_not_a_leak():
-    assert kinds(evicting(broken=False), unbounded={"budget": "10 MiB"}) == {}
+def test_a_store_filling_to_its_limit_then_evicting_is_not_a_leak_but_a_plateau():
+    found = kinds(evicting(broken=False))
+    assert set(found) == {"plateau"}             # with no budget stated too: it stopped growing
+    assert (found["plateau"].step, found["plateau"].bytes, found["plateau"].count) == (8, 8 * MiB, 12)
+    assert "rose to 8.00 MiB by step 8 and held there over the last 12 requests" \
+        in found["plateau"].message
 
 
 def test_broken_eviction_is_a_leak_of_the_unreported_bytes_and_nothing_else():
@@ -162,10 +166,12 @@ def test_broken_eviction_is_a_leak_of_the_unreported_bytes_and_nothing_else():
 
 def test_honest_unlimited_growth_is_unbounded_past_a_stated_budget_never_a_leak():
     growing = at_rest([k * MiB for k in range(1, 21)], [k * MiB for k in range(1, 21)])
-    assert kinds(growing) == {}                                  # no budget: not checked
+    warned = kinds(growing)                                      # no budget: a warning
+    assert set(warned) == {"unbounded"} and warned["unbounded"].severity == "warning"
+    assert "20.00 MiB at rest, with no budget stated" in warned["unbounded"].message
     assert kinds(growing, unbounded={"budget": "20 MiB"}) == {}  # 20 MiB at the end: within it
     found = kinds(growing, unbounded={"budget": "10 MiB"})
-    assert set(found) == {"unbounded"}
+    assert set(found) == {"unbounded"} and found["unbounded"].severity == "error"
     assert (found["unbounded"].bytes, found["unbounded"].count) == (MiB, 18)
     assert "20.00 MiB at rest, over the budget of 10.00 MiB" in found["unbounded"].message
 
@@ -179,7 +185,8 @@ def wasteful(tokens: list[int]) -> pd.DataFrame:
 
 def test_small_waste_in_every_entry_is_retained_by_its_trend():
     tokens = [470] * 5 + [480] * 5 + [490] * 5 + [500] * 5        # 8.9% down to 2.4% waste
-    found = kinds(wasteful(tokens))
+    assert set(kinds(wasteful(tokens))) == {"retained", "unbounded"}  # it never evicts, too
+    found = kinds(wasteful(tokens), unbounded={"budget": "64 MiB"})
     assert set(found) == {"retained"}
     assert found["retained"].bytes == sum(512 - t for t in tokens) * 4096 == 2_211_840
     assert "rising 90,112 B per request in step" in found["retained"].message  # the median delta
@@ -195,8 +202,8 @@ def test_the_same_rising_excess_is_a_leak_when_the_reported_bytes_stand_still():
 
 
 def test_bytes_only_the_cycle_collector_freed_at_rest_are_gc_deferred():
-    frame = at_rest([MiB] * 4, [MiB] * 4, collected=[0, MiB, 3 * MiB, 64 * 2**10])
-    frame.loc[0, "collected"] = 50 * MiB                # before the run: not the run's
+    frame = at_rest([MiB] * 4, [MiB] * 4, cyclic=[0, MiB, 3 * MiB, 64 * 2**10])
+    frame.loc[0, "cyclic"] = 50 * MiB                # before the run: not the run's
     found = kinds(frame)
     assert set(found) == {"gc_deferred"}
     assert (found["gc_deferred"].step, found["gc_deferred"].bytes) == (3, 3 * MiB)

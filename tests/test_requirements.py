@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from importlib import metadata
 from pathlib import Path
 
@@ -9,7 +10,9 @@ import pytest
 import yaml
 
 from harness.cli import main
+from harness.components import loaded_packages
 from harness.requirements import bound_warnings
+from harness.scenario import load_variants
 
 STORE = '''
 from harness.protocols import StoreBase
@@ -59,20 +62,33 @@ def site(tmp_path, monkeypatch):
     return site
 
 
-def test_a_violated_bound_is_one_line_naming_component_bound_and_installed(site):
+def test_a_violated_bound_is_one_line_naming_package_loader_bound_and_installed(site):
     installed = metadata.version("mlx-lm")
-    assert bound_warnings(["oldstore.store:Store"]) == [
-        f"oldstore.store:Store comes from oldstore 1.0, which requires mlx-lm<0.1; "
+    assert bound_warnings([("oldstore.store:Store", {"oldstore": "1.0"})]) == [
+        f"oldstore.store:Store loads oldstore 1.0, which requires mlx-lm<0.1; "
         f"installed is {installed} (the run goes on)"]
 
 
-def test_met_bounds_and_code_without_metadata_warn_nothing(site):
-    assert bound_warnings(["newstore.store:Store", "loose.store:Store"]) == []
+def test_met_bounds_warn_nothing(site):
+    assert bound_warnings([("newstore.store:Store", {"newstore": "1.0"})]) == []
 
 
 def test_each_package_bound_is_warned_once(site):
-    assert len(bound_warnings(["oldstore.store:Store", "oldstore.store:Other",
-                               "oldstore:Store"])) == 1
+    assert len(bound_warnings([("a:Store", {"oldstore": "1.0"}),
+                               ("b:Store", {"oldstore": "1.0", "newstore": "1.0"})])) == 1
+
+
+def test_the_packages_a_glue_module_loads_are_found_by_the_pre_run_check(site, tmp_path):
+    (site / "loose" / "glue.py").write_text("from oldstore.store import Store\n")
+    path = tmp_path / "glue.yaml"
+    path.write_text(yaml.safe_dump({
+        "model": {"dtype": "float16", "vocab": 1024, "layers": [
+            {"count": 1, "kind": "full", "kv_heads": 1, "head_dim": 64}]},
+        "cache": {"store": {"component": "loose.glue:Store"}},
+        "workload": {"requests": [{"prompt": 64}]}}))
+    (variant,) = load_variants(path)
+    assert variant.packages == {"oldstore": "1.0"}      # kvmem's own packages aside
+    assert loaded_packages(["oldstore.store", "loose.glue", "harness.cli"]) == {"oldstore": "1.0"}
 
 
 def test_run_warns_once_and_still_runs(site, tmp_path, capsys):
@@ -87,4 +103,5 @@ def test_run_warns_once_and_still_runs(site, tmp_path, capsys):
     captured = capsys.readouterr()
     output = captured.out + captured.err
     assert output.count("requires mlx-lm<0.1") == 1, output
-    assert (tmp_path / "out" / "old" / "b" / "summary.json").exists()
+    summary = json.loads((tmp_path / "out" / "old" / "b" / "summary.json").read_text())
+    assert summary["environment"]["packages"] == {"oldstore": "1.0"}

@@ -28,7 +28,7 @@ from ..components import construct
 from ..geometry import KIND_RECURRENT, KIND_SLIDING, Geometry
 from ..protocols import LayerCache, Session, Store
 from ..scenario import ChatSpec, ScenarioSpec, WorkloadSpec
-from .probe import Probe, collect_cycles, release_freed_heap
+from .probe import Probe, cycle_garbage, release_freed_heap
 from .recurrent import RecurrentState
 from .synthetic import SyntheticKV
 
@@ -102,7 +102,7 @@ class Engine:
                 caches.append(construct(self.spec.cache.layer, layer))
         return caches
 
-    def _record(self, phase: str, work: int, collected: int = 0, held: int = 0) -> None:
+    def _record(self, phase: str, work: int, cyclic: int = 0, held: int = 0) -> None:
         """End the step: one probe row; `held` counts bytes the engine itself holds (a real
         model's logits in flight) with what the components report."""
         logical = held + sum(c.nbytes for caches in self._live for c in caches)
@@ -112,7 +112,7 @@ class Engine:
                 logical += part.nbytes
                 host += getattr(part, "host_bytes", 0)  # a component without it holds none
         self.probe.end(phase, self._request, self._turn, self._tokens, logical, host,
-                       self.geometry.minimum_bytes(self._tokens), work, collected)
+                       self.geometry.minimum_bytes(self._tokens), work, cyclic)
         if self.progress is not None:
             self.progress(self.probe.steps)
 
@@ -162,12 +162,12 @@ class Engine:
             self._record("decode", work)
 
     def idle(self) -> None:
-        """A quiescent sample: nothing in flight, what remains is what is held (once the cycle
-        collector has run, when the scenario collects cycles)."""
-        collected = collect_cycles() if self.spec.sampling.collect_cycles else 0
+        """A quiescent sample: nothing in flight, what remains is what is held, and of that
+        what only unreachable reference cycles hold (when the scenario looks for them)."""
+        cyclic = cycle_garbage() if self.spec.sampling.find_cycles else 0
         release_freed_heap()
         self.probe.begin()
-        self._record("idle", 0, collected)
+        self._record("idle", 0, cyclic)
 
     def serve_requests(self) -> None:
         plan = request_plan(self.spec.workload, self.geometry.vocab, self.spec.sampling.seed)
@@ -220,12 +220,11 @@ class Engine:
             self.idle()
 
     def serve(self) -> None:
-        collecting = self.spec.sampling.collect_cycles
-        enabled = gc.isenabled()
-        if collecting:
-            gc.disable()  # cycles are freed at idle points only, where they are measured
+        """Serve the workload with Python's automatic cycle collector as it is, as in a server."""
+        finding = self.spec.sampling.find_cycles
+        if finding:
             # What exists before the run (the interpreter's modules, the store itself) is set
-            # aside, so each idle point's collection scans only what the run made: tens of
+            # aside, so each idle point's search scans only what the run made: tens of
             # microseconds instead of tens of milliseconds in a process that imported pandas.
             gc.collect()
             gc.freeze()
@@ -240,10 +239,8 @@ class Engine:
             else:
                 self.serve_requests()
         finally:
-            if collecting:
+            if finding:
                 gc.unfreeze()
-                if enabled:
-                    gc.enable()
 
     def facts(self) -> dict[str, Any] | None:
         """What the summary reports about the model served (None: synthetic K/V, no model)."""

@@ -5,8 +5,8 @@ makes them exact (tens of microseconds, a round trip to MLX's worker thread) and
 Rows go into a numpy structured array that doubles as needed (under 100 bytes a row), so a
 million-step run stays under 100 MB and becomes a DataFrame only at the end.
 
-`collected` is nonzero only at idle points: the MLX bytes that Python's cycle collector freed
-there (`collect_cycles`), memory that reference cycles held until the collector ran.
+`cyclic` is nonzero only at idle points: the MLX bytes that only Python's cycle collector would
+free there (`cycle_garbage`), memory that unreachable reference cycles hold until it runs.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ ROW = np.dtype([
     ("step", np.int64), ("phase", np.uint8), ("request", np.int32), ("turn", np.int32),
     ("tokens", np.int64), ("active", np.int64), ("peak", np.int64), ("cache", np.int64),
     ("rss", np.int64), ("logical", np.int64), ("host", np.int64), ("minimum", np.int64),
-    ("work", np.int64), ("collected", np.int64),
+    ("work", np.int64), ("cyclic", np.int64),
 ])
 
 
@@ -53,16 +53,25 @@ def release_freed_heap() -> None:
         _MALLOC_TRIM(0)
 
 
-def collect_cycles() -> int:
-    """Run Python's cycle collector; the MLX bytes it freed.
+def cycle_garbage() -> int:
+    """The MLX bytes held by unreachable reference cycles, measured without freeing them.
 
-    Called where nothing is in flight (the previous step ended synchronized), so active memory
-    before is exact, and an array freed by the collector returns its buffer at once.
+    With DEBUG_SAVEALL the collector moves what it finds unreachable into `gc.garbage` instead
+    of freeing it: the arrays among it are what a collection would free. The list is emptied
+    again, so the cycles stay garbage, freed whenever the collector next runs, as in a server.
+    (That garbage's finalizers and weak-reference callbacks run now, as in any collection, and
+    the objects that survive move to the oldest generation.) Arrays that share a buffer count
+    their own bytes each. Called where nothing is in flight.
     """
-    before = mx.get_active_memory()
-    gc.collect()
-    mx.synchronize()
-    return max(before - mx.get_active_memory(), 0)
+    flags, before = gc.get_debug(), len(gc.garbage)
+    gc.set_debug(flags | gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+    finally:
+        gc.set_debug(flags)
+    held = sum(obj.nbytes for obj in gc.garbage[before:] if isinstance(obj, mx.array))
+    del gc.garbage[before:]
+    return held
 
 
 def current_rss() -> int:
@@ -121,7 +130,7 @@ class Probe:
         mx.reset_peak_memory()
 
     def end(self, phase: str, request: int, turn: int, tokens: int,
-            logical: int, host: int, minimum: int, work: int, collected: int = 0) -> None:
+            logical: int, host: int, minimum: int, work: int, cyclic: int = 0) -> None:
         for stream in self._streams:
             mx.synchronize(stream)
         mx.synchronize()
@@ -131,7 +140,7 @@ class Probe:
             self._rows = np.resize(self._rows, 2 * len(self._rows))
         self._rows[self._n] = (
             self._n, PHASES.index(phase), request, turn, tokens, active, peak,
-            mx.get_cache_memory(), current_rss(), logical, host, minimum, work, collected,
+            mx.get_cache_memory(), current_rss(), logical, host, minimum, work, cyclic,
         )
         self._n += 1
 

@@ -68,7 +68,8 @@ def summarize(outcome: RunOutcome, environment: dict,
         "compare": {metric: tolerance.model_dump(mode="json")
                     for metric, tolerance in spec.expect.compare.items()},
         "series": {"active": report.series(frame)},
-        "environment": environment,
+        # The packages the variant's components loaded (the pre-run check saw them).
+        "environment": {**environment, "packages": outcome.variant.packages},
     }
     if outcome.store_stats is not None:
         summary["store_stats"] = outcome.store_stats

@@ -6,7 +6,7 @@ component that exits, crashes or hangs at import is bad input rather than the en
 
 from __future__ import annotations
 
-from ..components import Binding
+from ..components import Binding, Checked
 from ..components import check as check_components
 from .schema import ScenarioSpec
 
@@ -17,12 +17,12 @@ def bindings(spec: ScenarioSpec, where: str) -> list[Binding]:
     geometry = spec.geometry()
     roles = {"layer": geometry.layers[0], "sliding": geometry.layers[0],
              "store": geometry, "session": geometry}
-    return [Binding(f"{where}cache.{role}", component.component, component.options, first_arg)
+    return [Binding(f"{where}cache.{role}", role, component.component, component.options,
+                    first_arg)
             for role, first_arg in roles.items()
             if (component := getattr(spec.cache, role)) is not None]
 
 
-def first_problem(bound: list[Binding]) -> str | None:
-    """Why the first component that cannot be built as written cannot, or None when all can."""
-    problems = check_components(bound)
-    return problems[0] if problems else None
+def check(bound: list[Binding]) -> Checked:
+    """Every component built as written (user code in a child), and the packages it loaded."""
+    return check_components(bound)

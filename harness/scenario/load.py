@@ -7,8 +7,9 @@ Variants are named overrides deep-merged into the base, so one file carries a "b
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,9 @@ class Variant:
     path: Path
     name: str
     spec: ScenarioSpec
+    # Installed packages (distribution -> version) that the file's user components loaded in
+    # the pre-run check: their bounds on mlx and mlx-lm are checked, and summaries record them.
+    packages: dict[str, str] = field(default_factory=dict)
 
     @property
     def scenario(self) -> str:
@@ -245,12 +249,12 @@ def _load(path: Path, variants: list[str] | None) -> list[Variant]:
             bindings += checks.bindings(spec, where)
         except models.ModelError as exc:
             raise ScenarioError(f"{path}: {where}model: {exc}") from None
-    # Every component of every variant resolved and its options bound, so a typo fails before
-    # any run; user code is imported once per file, in a child (see components.check).
-    problem = checks.first_problem(bindings)
-    if problem:
-        raise ScenarioError(f"{path}: {problem}")
-    return scenarios
+    # Every component of every variant resolved and built, so a typo fails before any run;
+    # user code is imported once per file, in a child (see components.check).
+    checked = checks.check(bindings)
+    if checked.problems:
+        raise ScenarioError(f"{path}: {checked.problems[0]}")
+    return [dataclasses.replace(v, packages=checked.packages) for v in scenarios]
 
 
 def discover(paths: Sequence[str | Path]) -> list[Path]:

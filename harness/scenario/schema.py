@@ -257,10 +257,10 @@ class WorkloadSpec(_Strict):
 
 class SamplingSpec(_Strict):
     seed: Annotated[int, Field(strict=True, ge=0, le=MAX_SEED)] = 0
-    # True: Python's automatic cycle collection is off during the run and the collector runs at
-    # each idle point, where what it frees is measured (the gc_deferred finding). False: the
-    # automatic collector runs when it will, as in a server, and cycles hold memory until then.
-    collect_cycles: Annotated[bool, Field(strict=True)] = True
+    # Python's automatic cycle collector runs when it will, as in a server. True: at each idle
+    # point kvmem finds what unreachable reference cycles hold, without freeing it (the
+    # gc_deferred finding; leak and retained leave those bytes to it). False: it does not look.
+    find_cycles: Annotated[bool, Field(strict=True)] = True
 
 
 class DetectSpec(_Strict):
