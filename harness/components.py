@@ -170,8 +170,10 @@ def _build(binding: Binding) -> str | None:
     if binding.role == "store" and callable(close):
         close()
     if missing:
-        return (f"{binding.field}.component: {binding.name} builds a {type(built).__name__} "
-                f"without {', '.join(missing)} (a {binding.role} needs {', '.join(MEMBERS[binding.role])})")
+        wrapped = [n for n in _user_names(binding.name, binding.options) if n != binding.name]
+        what = binding.name + "".join(f" (around {name})" for name in wrapped)
+        return (f"{binding.field}.component: {what} builds a {type(built).__name__} without "
+                f"{', '.join(missing)} (a {binding.role} needs {', '.join(MEMBERS[binding.role])})")
     return None
 
 

@@ -51,17 +51,20 @@ plateau (min_bytes 1 MiB, flat 64 KiB, hold 3; checked only when stated)
     level, not leaking.
 retained (min_bytes 1 MiB, ratio 0.25, warmup 1, min_rate 64 KiB, r2 0.9, hold 3; expected none)
     excess_i = a_i − b − l_i − c_i, where a step's c_i is the larger of the measurements at
-    rest before and after it. Nothing when l is 0 at every quiescent point past the warm-up
-    (no byte accounting: nothing to hold the allocator to). When T(u) with floor min_rate
+    rest before and after it. Nothing when memory is kept at rest (a − b − c > min_bytes at
+    a quiescent point) but l is 0 at every one: a component with no byte accounting, with
+    nothing to hold the allocator to. When T(u) with floor min_rate
     rises and u is not in step (S), nothing: that excess is leak's (give both the same
     warm-up). Otherwise flagged where
     excess_i > max(min_bytes, ratio × l_i) at any step, reported at the largest; else where
     T(u) rises in step: small waste in every entry stored (a slice that keeps unused slots
     alive), reported as the excess at the last quiescent point.
 aliased (min_bytes 1 MiB; expected none)
-    over_i = l_i − (a_i − b); flagged where over_i > min_bytes: the components report more
-    than exists, the same arrays counted twice (a fetch that hands out the store's own
-    cache objects).
+    over_i = l_i − (a_i − b); flagged where over_i > min_bytes on a prefill or decode step
+    and on the step before it, also prefill or decode: the components report more than
+    exists, the same arrays counted twice while the request computes (a fetch that hands out
+    the store's own cache objects). A lazy copy shares its source's buffer until the next
+    write, and a store row is a handover: each counts twice for one row only.
 host_memory (min_bytes 32 MiB; expected none)
     o = rss − active − MLX cache on the CPU backend (its buffers live in RSS), else rss;
     rise_i = o_i − o_0 at each idle point; flagged where rise_i > min_bytes and
@@ -423,13 +426,15 @@ def retained(frame: pd.DataFrame, t: RetainedThresholds, backend: str) -> Findin
     buffer stays allocated. Where each entry wastes little, no step crosses the ratio, but the
     excess at rest keeps rising with every entry stored: that trend is flagged too. An excess
     at rest that keeps rising while the reported bytes do not is a leak, and left to `leak`;
-    what unreachable cycles hold is gc_deferred's. Where nothing is reported at rest (a store
-    with no byte accounting), there is no report to hold the allocator to: the shape of that
-    memory is leak's and plateau's to judge.
+    what unreachable cycles hold is gc_deferred's. Where memory is kept at rest and nothing at
+    rest is reported (a store with no byte accounting), there is no report to hold the
+    allocator to: the shape of that memory is leak's and plateau's to judge.
     """
-    points = quiescent(frame).iloc[t.warmup:]
-    if not (points["logical"] > 0).any():
-        return None  # nothing reported at rest (no byte accounting): no report to hold it to
+    resting = quiescent(frame)
+    kept = resting["active"] - frame["active"].iloc[0] - resting["cyclic"]
+    if (kept > t.min_bytes).any() and not (resting["logical"] > 0).any():
+        return None  # memory kept at rest, none of it reported: no accounting to hold it to
+    points = resting.iloc[t.warmup:]
     at_rest = unexplained(points, frame)
     trend = rising(at_rest, t.min_rate, t.r2, t.hold)
     if trend is not None and not in_step(frame):
@@ -460,10 +465,14 @@ def aliased(frame: pd.DataFrame, t: AliasThresholds, backend: str) -> Finding | 
     Every byte reported is an array alive since the baseline, so reporting more than exists
     counts the same arrays twice: a fetch that hands out the store's own cache objects (which
     the request then updates in place, and the store still counts), or two components
-    holding one entry.
+    holding one entry. Only where it outlives a write: on a prefill or decode step after
+    another. A copy shares its source's buffer until the first write to either (MLX copies
+    lazily), so a fetch's copy or a snapshot taken during a step counts twice for that one
+    row; and at a store the request hands its caches over.
     """
     over = frame["logical"] - (frame["active"] - frame["active"].iloc[0])
-    hits = frame[over > t.min_bytes]
+    counted_twice = frame["phase"].isin(["prefill", "decode"]) & (over > t.min_bytes)
+    hits = frame[counted_twice & counted_twice.shift(1, fill_value=False)]
     return from_hits("aliased", hits, over, lambda at: (
         f"components report {mib(over[at])} MiB more than MLX holds above the baseline at step "
         f"{frame['step'][at]} ({frame['phase'][at]}): the same arrays counted twice, as when a "

@@ -198,7 +198,7 @@ def test_a_batch_is_served_by_batch_generator_one_row_per_chunk_and_per_decode_s
     active = (frame["active"] - frame["active"].iloc[0]).tolist()
     assert all(0 <= a - held < 4096 for a, held in zip(active[1:8], logical[1:8], strict=True))
     assert figures["minimum"] == 2 * 45 * TOKEN_BYTES
-    assert figures["final"] == 0 and frame["collected"].sum() == 0
+    assert figures["final"] == 0 and frame["cyclic"].sum() == 0
 
 
 def test_finished_sequences_caches_pin_the_whole_batch_buffer_until_dropped():
@@ -212,7 +212,7 @@ def test_finished_sequences_caches_pin_the_whole_batch_buffer_until_dropped():
     assert 0 <= figures["retained"] - (BATCH_BUFFER - 2 * 45 * TOKEN_BYTES) < 4096
     assert [f.steps for f in findings if f.kind == "retained"] == [[8]]
     # Dropped with the generator at the end of the request: nothing stays, no cycle holds it.
-    assert figures["final"] == 0 and frame["collected"].sum() == 0
+    assert figures["final"] == 0 and frame["cyclic"].sum() == 0
 
 
 def test_a_batch_without_decode_ends_with_its_last_prompt_token_and_takes_the_caches_back():

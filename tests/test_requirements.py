@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from importlib import metadata
 from pathlib import Path
 
@@ -105,3 +106,8 @@ def test_run_warns_once_and_still_runs(site, tmp_path, capsys):
     assert output.count("requires mlx-lm<0.1") == 1, output
     summary = json.loads((tmp_path / "out" / "old" / "b" / "summary.json").read_text())
     assert summary["environment"]["packages"] == {"oldstore": "1.0"}
+    kvmem = summary["environment"]["kvmem"]                 # kvmem's own, not the folder's
+    harness = Path(__file__).resolve().parent.parent / "harness"
+    revision = subprocess.run(["git", "-C", str(harness), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=False).stdout.strip()
+    assert kvmem == {"version": metadata.version("kvmem"), "revision": revision or None}
