@@ -6,6 +6,8 @@ written to a folder) keep each test to about a second; byte figures are exact on
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -275,8 +277,6 @@ def test_a_hybrid_models_batch_decode_holds_each_recurrent_state_twice():
 @pytest.mark.parametrize("fields, message", [
     ({"workload": {"batch": 2, "chat": {"turns": 1, "user": 8, "model": 2}}},
      "workload.batch: the mlx_lm engine serves a chat one sequence at a time"),
-    ({"cache": {"store": {"component": "mlx_lm.LRUPromptCache"}}},
-     "cache.store: the mlx_lm engine serves batch > 1 through mlx-lm's BatchGenerator"),
     ({"cache": {"session": {"component": "reference.chat"}}}, "cache.session: "),
     ({"cache": {"layer": {"component": "mlx_lm.QuantizedKVCache"}}},
      "cache.layer: mlx_lm.QuantizedKVCache cannot be batched"),
@@ -324,3 +324,19 @@ def test_a_local_model_folder_loads_without_a_tokenizer(tmp_path):
 def test_bad_real_model_fields_name_the_field(fields, message):
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):
         real_spec(workload={"requests": [{"prompt": 8}]}, **fields)
+
+
+def test_a_store_keeping_what_a_batch_gives_back_pins_a_batch_buffer_per_request():
+    """vllm-mlx #641's ratchet: the caches a BatchGenerator hands back for a finished sequence
+    are lazy slices of its batch buffer; a store that keeps them as given keeps one whole batch
+    buffer alive per request while reporting the slices."""
+    spec = real_spec(cache={"store": {"component": "mlx_lm.LRUPromptCache"}},
+                     workload={"prefill_chunk": 16, "batch": 2,
+                               "requests": [{"prompt": 40 + i, "decode": 5} for i in range(6)]})
+    _engine, frame, findings, _figures = serve(spec)
+    idle = frame[frame["phase"] == "idle"]
+    kept = (idle["active"] - idle["active"].iloc[0] - idle["logical"]).tolist()
+    # The first request's store: the whole 256-slot buffer of both sequences, less the slices.
+    assert kept[1] == BATCH_BUFFER - idle["logical"].iloc[1]
+    assert all(later - earlier > BATCH_BUFFER // 2 for earlier, later in pairwise(kept[1:]))
+    assert "retained" in {f.kind for f in findings}

@@ -161,6 +161,10 @@ class Engine:
             self._tokens += 1
             self._record("decode", work)
 
+    def finished(self, caches: list[LayerCache]) -> list[LayerCache]:
+        """The request's caches once it is served: the ones it was served in, here."""
+        return caches
+
     def idle(self) -> None:
         """A quiescent sample: nothing in flight, what remains is what is held, and of that
         what only unreachable reference cycles hold (when the scenario looks for them)."""
@@ -186,6 +190,7 @@ class Engine:
                 self._live = [caches]
             generated = self.generate(caches, prompt, matched, generated)
             if self.store is not None:
+                caches = self.finished(caches)
                 self.probe.begin()
                 self.store.store(tuple(np.concatenate([prompt, generated]).tolist()), caches)
                 self._record("store", 0)

@@ -71,6 +71,7 @@ class ModelEngine(Engine):
                  progress: Callable[[int], None] | None = None):
         self.model: Any = None
         self.weights_bytes = 0
+        self._extracted: list[Any] | None = None  # the first sequence's caches, out of a batch
         probe.watch(generation_stream)  # the step generate_step queued, completed at each row
         super().__init__(spec, probe, progress)
 
@@ -118,11 +119,11 @@ class ModelEngine(Engine):
         to feed)."""
         if len(prompt) == 0:  # a history evicted whole: nothing to re-prefill
             return planned[:0]
-        if self.geometry.batch > 1:  # validation allows neither a store nor a chat here
-            return self._generate_batch(caches, prompt, len(planned), phase)
         if start >= len(prompt):
             start = len(prompt) - 1
             trim_prompt_cache(caches, 1)
+        if self.geometry.batch > 1:  # validation allows no chat here
+            return self._generate_batch(caches, prompt, start, len(planned), phase)
         base = held + start
         self._tokens = base
         ids = tuple(prompt.tolist())
@@ -162,12 +163,15 @@ class ModelEngine(Engine):
                   for row in range(1, self.geometry.batch)]
         return [row.tolist() for row in (prompt, *others)]
 
-    def _generate_batch(self, caches: list[LayerCache], prompt: np.ndarray, steps: int,
-                        phase: str) -> np.ndarray:
+    def _generate_batch(self, caches: list[LayerCache], prompt: np.ndarray, start: int,
+                        steps: int, phase: str) -> np.ndarray:
         """Serve `prompt` as `batch` sequences through one `BatchGenerator`, inserted together
-        with `caches` and fresh ones from `make_caches` (it merges them into its batch caches);
-        the first sequence's tokens. Everything it built goes when this returns."""
+        with `caches` (holding `prompt[:start]`, from a store's hit, or empty) and fresh ones
+        from `make_caches` (it merges them into its batch caches); the first sequence's tokens.
+        The first sequence's caches come out of the batch as mlx-lm gives them (`finished`):
+        what a store then keeps. Everything else it built goes when this returns."""
         prompts = self._batch_prompts(prompt, self._request)
+        prompts[0] = prompts[0][start:]
         generator = BatchGenerator(self.model, max_tokens=max(steps, 1),
                                    prefill_batch_size=len(prompts),
                                    completion_batch_size=len(prompts),
@@ -175,7 +179,7 @@ class ModelEngine(Engine):
         uids = generator.insert(prompts, caches=[caches, *(self.make_caches()
                                                            for _ in prompts[1:])])
         tokens: list[int] = []
-        self._tokens = 0
+        self._tokens, self._extracted = start, None
         self.probe.begin()
         while True:
             prompted, generated = generator.next()
@@ -184,17 +188,29 @@ class ModelEngine(Engine):
                 self._step_to("decode", len(prompt) + len(tokens),
                               held=_generation_held(generator, generated))
                 if generated[0].finish_reason is not None:
+                    self._keep(generated[0].prompt_cache)
                     return np.array(tokens, dtype=np.int64)
             elif not prompted[0].end_of_prompt:
-                self._step_to(phase, prompted[0].progress[0],
+                self._step_to(phase, start + prompted[0].progress[0],
                               held=generator.prompt_cache_nbytes)
             elif not steps:  # the last prompt token's step is queued: take the caches back
                 taken = generator.remove(uids, return_prompt_caches=True)
                 self._step_to(phase, len(prompt),
                               held=_caches_bytes(c for c, _tokens in taken.values()))
+                self._keep(taken[uids[0]][0])
                 return np.array(tokens, dtype=np.int64)
             # Otherwise the call queued the last prompt token's step: the first decode row
             # covers it.
+
+    def _keep(self, caches: list[Any]) -> None:
+        """Hold the first sequence's extracted caches for the store, which alone keeps them."""
+        self._extracted = caches if self.store is not None else None
+
+    def finished(self, caches: list[LayerCache]) -> list[LayerCache]:
+        """A batch's first sequence's caches as the generator gave them back (its own were
+        merged into the batch caches); otherwise the request's own."""
+        extracted, self._extracted = self._extracted, None
+        return caches if extracted is None else list(extracted)
 
     def facts(self) -> dict[str, Any]:
         """The model as the summary reports it: name, engine, weights beside the KV minimum."""

@@ -404,15 +404,15 @@ class ScenarioSpec(_Strict):
 
     def _check_batch(self) -> None:
         """batch > 1 on the mlx_lm engine runs through mlx-lm's BatchGenerator: requests only,
-        no store or session, and layer caches it can batch (it merges one cache a sequence
-        with the cache class's `merge`)."""
+        no session, and layer caches it can batch (it merges one cache a sequence with the
+        cache class's `merge`). A store serves and keeps the first sequence, as a server's
+        prompt cache does each of its batch's sequences."""
         if self.workload.chat is not None:
             raise ValueError("workload.batch: the mlx_lm engine serves a chat one sequence at "
                              "a time (batch: 1); batch > 1 serves requests")
-        for role in ("store", "session"):
-            if getattr(self.cache, role) is not None:
-                raise ValueError(f"cache.{role}: the mlx_lm engine serves batch > 1 through "
-                                 f"mlx-lm's BatchGenerator, without a {role} (use batch: 1)")
+        if self.cache.session is not None:
+            raise ValueError("cache.session: the mlx_lm engine serves batch > 1 through "
+                             "mlx-lm's BatchGenerator, without a session (use batch: 1)")
         for role in ("layer", "sliding"):
             name = getattr(self.cache, role).component
             if name in _UNBATCHABLE:
