@@ -167,7 +167,9 @@ def restore_layer(pieces: list[Piece]) -> LayerCache:
     the block bytes); a whole state is restored from the last block's copy.
     """
     kind, cls_path, _, _ = pieces[-1].recipe
-    state = join_ranges([p.state() for p in pieces]) if kind == TOKENS else pieces[-1].state()
+    # A whole state is copied: the working cache updates its arrays in place, and the block's
+    # own must stay as stored (join_ranges makes new arrays already).
+    state = join_ranges([p.state() for p in pieces]) if kind == TOKENS else pieces[-1].copy().state()
     module, _, name = cls_path.partition(":")
     cls = reduce(getattr, name.split("."), importlib.import_module(module))
     return cls.from_state(state)

@@ -13,12 +13,13 @@ import time
 import mlx.core as mx
 import psutil
 import pytest
+from mlx_lm.models.cache import RotatingKVCache
 
 from harness.geometry import build
 from harness.run.recurrent import RecurrentState
 from harness.scenario import WorkloadSpec
 from reference_impl import paged_ssd
-from reference_impl.paged_ssd import PagedSSDStore, read_block, restore_layer
+from reference_impl.paged_ssd import PagedSSDStore, read_block, restore_layer, state_piece
 from reference_impl.rotating import rotating
 from reference_impl.turboquant import TurboQuantKVCache, dequantize
 from tests.conftest import active
@@ -214,8 +215,9 @@ def test_turboquant_blocks_hold_codes_and_a_hit_restores_as_on_restore_says(stor
         assert [type(c).__name__ for c in caches[:2]] == ["KVCache"] * 2
         assert [c.nbytes for c in caches[:2]] == [4 * FULL_PIECE] * 2
         assert mx.array_equal(caches[0].keys, dequantize(codes[0], codes[1], 4, 64))
-    # New arrays for the full layers; the window and the recurrent state are the block's own.
-    assert active() - base == store.nbytes + sum(c.nbytes for c in caches[:2]) + sum(
+    # New arrays for every layer: the window and the recurrent state are copies, since the
+    # request updates its caches' arrays in place and the block must stay as stored.
+    assert active() - base == store.nbytes + sum(c.nbytes for c in caches) + sum(
         a.nbytes for a in codes)
 
 
@@ -313,3 +315,14 @@ def test_estimate_counts_snapshots_per_mode():
     off = PagedSSDStore.estimate_bytes(GEOMETRY, workload, snapshots="off")
     assert leak - off == (4 + 3) * SNAPSHOT  # every boundary of every prefill
     assert release - off == 4 * SNAPSHOT     # the longest prefill's, freed at store
+
+
+def test_a_restored_state_is_the_requests_own_not_the_blocks():
+    """The working cache updates its arrays in place: handing out the block's own arrays would
+    let a request rewrite what the store keeps (and count the same bytes twice)."""
+    cache = RotatingKVCache(max_size=8)
+    cache.update_and_fetch(mx.ones((1, 1, 8, 4)), mx.ones((1, 1, 8, 4)))
+    stored = state_piece(cache)
+    restored = restore_layer([stored])
+    kept = {id(a) for a in stored.arrays}
+    assert not kept & {id(restored.keys), id(restored.values)}
