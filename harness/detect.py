@@ -66,13 +66,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass, field
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import numpy as np
-import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from .units import Size, mib
+
+# numpy and pandas are imported where a frame is read: the scenario schema imports this module
+# for the registry alone, and rejecting a bad file must not wait for them.
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
 
 MAX_STEPS_LISTED = 20
 MAX_WARMUP = 2**31 - 1          # an int32, as every count of a scenario
@@ -118,12 +122,16 @@ def _previous_active(frame: pd.DataFrame) -> pd.Series:
 
 def transients(frame: pd.DataFrame) -> pd.Series:
     """Per step: peak beyond the larger of active before and after, less the step's own input."""
+    import numpy as np
+
     settled = np.maximum(_previous_active(frame), frame["active"])
     return frame["peak"] - settled - frame["work"]
 
 
 def spike_ratios(frame: pd.DataFrame) -> pd.Series:
     """Per step: peak over the larger of active before and after, both above the baseline."""
+    import numpy as np
+
     base = frame["active"].iloc[0]
     settled = np.maximum(_previous_active(frame), frame["active"]) - base
     return (frame["peak"] - base) / settled.clip(lower=1)
@@ -197,6 +205,8 @@ class Trend:
 
 def _fit(values: np.ndarray) -> tuple[float, float]:
     """Slope and r² of the least-squares line through `values` at 0, 1, 2..."""
+    import numpy as np
+
     x = np.arange(len(values), dtype=float)
     slope, intercept = np.polyfit(x, values, 1)
     total = ((values - values.mean()) ** 2).sum()
@@ -208,6 +218,8 @@ def rising(values: pd.Series, min_rate: float, r2: float) -> Trend | None:
     """The trend test: at least 3 values; the rate is the median delta when every delta is
     positive, else the fitted slope; rising when rate ≥ min_rate and either every delta is
     positive or the fit's r² ≥ r2."""
+    import numpy as np
+
     if len(values) < 3:
         return None
     series = values.to_numpy(dtype=float)
@@ -228,6 +240,8 @@ def in_step(frame: pd.DataFrame) -> bool:
     where they did not. Waste proportional to what is held comes with what is stored; a leak
     rises while the store's own count stands still.
     """
+    import numpy as np
+
     points = quiescent(frame)
     rise = np.diff(unexplained(points, frame).to_numpy(dtype=float)).clip(min=0)
     grew = np.diff(points["logical"].to_numpy(dtype=float)) > 0
@@ -302,6 +316,8 @@ def retained(frame: pd.DataFrame, t: RetainedThresholds, backend: str) -> Findin
     excess at rest keeps rising with every entry stored: that trend is flagged too. An excess
     at rest that keeps rising while the reported bytes do not is a leak, and left to `leak`.
     """
+    import numpy as np
+
     points = quiescent(frame).iloc[t.warmup:]
     at_rest = unexplained(points, frame)
     trend = rising(at_rest, t.min_rate, t.r2)

@@ -18,6 +18,10 @@ from the config: one token is run through the model lazily on fresh caches from 
 `make_cache`, and each cache's shapes are read without evaluating anything (MLX knows shapes
 and dtypes of unevaluated arrays). KV caches give the layer's KV heads, head dim and dtype,
 `RotatingKVCache` its window, `ArraysCache` (recurrent layers) its state bytes.
+
+mlx-lm (and through it transformers) is imported where a model is built or its caches read,
+never at import: the scenario schema reads the presets here, and rejecting a bad file must not
+wait seconds for mlx-lm.
 """
 
 from __future__ import annotations
@@ -26,14 +30,15 @@ import copy
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
-import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
 from . import geometry as geo
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
 
 
 def _qwen3(hidden: int, heads: int, intermediate: int, tied: bool, layers: int, kv_heads: int,
@@ -133,6 +138,8 @@ def build(choice: ModelChoice) -> nn.Module:
         model = model_class(args_class.from_dict(config))
         model.set_dtype(geo.DTYPES[choice.dtype])
     if choice.bits is not None:
+        import mlx.nn as nn
+
         nn.quantize(model, group_size=choice.group_size, bits=choice.bits)
     return model
 
@@ -145,6 +152,8 @@ def weights_bytes(model: nn.Module) -> int:
 
 def make_caches(model: nn.Module) -> list[Any]:
     """The model's own caches (`make_cache`, or one KVCache per layer without one)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
     return make_prompt_cache(model)
 
 
@@ -157,6 +166,8 @@ def geometry(model: nn.Module, name: str) -> geo.Geometry:
 
 
 def _layer(index: int, cache: Any) -> geo.LayerSpec:
+    from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+
     if isinstance(cache, ArraysCache):
         arrays: list[Any] = [a for a in cache.cache if a is not None]
         state = sum(a.nbytes for a in arrays)

@@ -2,6 +2,10 @@
 
 Every file is written to a temporary name beside its target and renamed into place, so a
 crash or a bad later input never leaves half a report, nor destroys one already written.
+
+pandas and matplotlib are imported where a report is drawn: `reserve` and `ReportError` serve
+every command, which must start (and refuse bad input) without them. Figures are drawn on
+matplotlib's Agg canvas directly, never through pyplot's global state.
 """
 
 from __future__ import annotations
@@ -13,18 +17,16 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-import pandas as pd
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING
 
 from .detect import DETECTORS, Finding, Marker
 from .files import UMASK, atomic_write
 from .summary import Summary
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 LOCK_NAME = ".kvmem.lock"
 SERIES_POINTS = 64
@@ -35,6 +37,8 @@ UNKNOWN_MARKER = Marker("x", "red")
 
 def series(frame: pd.DataFrame, points: int = SERIES_POINTS) -> list[int]:
     """Active bytes above the baseline, reduced to `points` bins (the max of each)."""
+    import pandas as pd
+
     if frame.empty:
         return []
     active = frame["active"] - frame["active"].iloc[0]
@@ -54,7 +58,7 @@ def plot_variant(frame: pd.DataFrame, findings: list[Finding], title: str, path:
     mib = 2**20
     base = frame["active"].iloc[0]
     thin = _thin(frame)
-    fig, ax = plt.subplots(figsize=(11, 5.5))
+    fig, ax = _figure()
     ax.fill_between(thin["step"], (thin["active"] - base) / mib, (thin["peak"] - base) / mib,
                     color="tab:blue", alpha=0.2, step="post", label="step peak")
     ax.step(thin["step"], (thin["active"] - base) / mib, where="post", color="tab:blue",
@@ -79,7 +83,7 @@ def plot_variant(frame: pd.DataFrame, findings: list[Finding], title: str, path:
 def plot_overlay(frames: dict[str, pd.DataFrame], title: str, path: Path) -> None:
     """Every variant's active memory (and peak band) on one axis; frames must have samples."""
     mib = 2**20
-    fig, ax = plt.subplots(figsize=(11, 5.5))
+    fig, ax = _figure()
     for name, frame in frames.items():
         base = frame["active"].iloc[0]
         thin = _thin(frame)
@@ -90,8 +94,18 @@ def plot_overlay(frames: dict[str, pd.DataFrame], title: str, path: Path) -> Non
     _save(fig, ax, "step", "MiB above baseline (band: step peak)", title, path)
 
 
+def _figure() -> tuple[Figure, Axes]:
+    """A report-sized figure on an Agg canvas, with one axis."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 5.5))
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots()
+
+
 def _save(fig: Figure, ax: Axes, xlabel: str, ylabel: str, title: str, path: Path) -> None:
-    """Label, legend and write a figure atomically, then free it."""
+    """Label, legend and write a figure atomically."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -99,7 +113,6 @@ def _save(fig: Figure, ax: Axes, xlabel: str, ylabel: str, title: str, path: Pat
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-    plt.close(fig)
 
 
 class ReportError(OSError):

@@ -8,6 +8,8 @@ hold characters YAML refuses) are listed in `EXPECTED.json` instead.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -280,3 +282,61 @@ def test_a_valid_scenario_survives_the_mutation_helper_unchanged():
     text = VALID.read_bytes()
     assert _mutate(text, []) == text
     assert len(load(VALID)) == 2 and not _names_a_user_component(text)
+
+
+# Every echoed value is clipped: a mistaken 100,000-character value never makes a 100 KB line.
+
+HUGE = "x" * 100_000
+CLIPPED = {
+    "preset": (f"model: {HUGE}\n", f"model.preset: unknown preset '{'x' * 40}...'"),
+    "component": (f"model: qwen3-8b\ncache: {{layer: {{component: {HUGE}}}}}\n",
+                  f"cache.layer.component: unknown component '{'x' * 40}...'"),
+    "import_path": (f"model: qwen3-8b\ncache: {{layer: {{component: '{HUGE}:f'}}}}\n",
+                    f"cache.layer.component: cannot import module '{'x' * 40}...'"),
+    "model_path": (f"engine: mlx_lm\nmodel: {{path: {HUGE}}}\n",
+                   f"model: path: cannot read '{'x' * 40}...': File name too long"),
+    "unknown_key": (f"model: qwen3-8b\nsampling:\n  {HUGE[:1000]}: 1\n",
+                    f"sampling.{'x' * 40}...: unknown field"),
+    "option": (f"model: qwen3-8b\ncache:\n  layer:\n    component: mlx_lm.KVCache\n"
+               f"    options:\n      {HUGE[:1000]}: 1\n",
+               "cache.layer.options: "),
+    "variant_name": (f"model: qwen3-8b\nvariants:\n  {HUGE[:1000]}: {{}}\n",
+                     f"variants.'{'x' * 40}...': expected a name of at most 100 characters"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLIPPED))
+def test_a_huge_value_is_echoed_clipped_on_one_short_line(case, tmp_path, capsys):
+    text, expected = CLIPPED[case]
+    path = tmp_path / "huge.yaml"
+    path.write_text(text + "workload: {requests: [{prompt: 16}]}\n")
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 2
+    message = capsys.readouterr().err.strip()
+    assert len(message.splitlines()) == 1 and len(message) < 1000, message[:2000]
+    assert message.startswith(f"error: {path}: ") and expected in message, message
+
+
+def test_a_huge_variant_flag_is_echoed_clipped(capsys):
+    assert main(["run", str(VALID), "--variant", HUGE]) == 2
+    message = capsys.readouterr().err.strip()
+    assert f"no variant {'x' * 40}... (expected one of" in message and len(message) < 1000
+
+
+# Rejecting bad input starts fast: the runner's heavy imports are made where they are used.
+
+HEAVY = ("mlx_lm", "transformers", "matplotlib", "pandas", "numpy")
+
+
+@pytest.mark.parametrize("argv", [["run", "{bad}"], ["run", "{unknown}"], ["--help"]],
+                         ids=["bad_yaml", "unknown_field", "help"])
+def test_help_and_a_refused_file_import_neither_mlx_lm_nor_pandas_nor_matplotlib(argv, tmp_path):
+    bad, unknown = tmp_path / "bad.yaml", tmp_path / "unknown.yaml"
+    bad.write_text("model: [\n")
+    unknown.write_text("model: qwen3-8b\nbogus: 1\nworkload: {requests: [{prompt: 16}]}\n")
+    argv = [a.format(bad=bad, unknown=unknown) for a in argv]
+    code = ("import sys\nfrom harness.cli import main\ntry:\n    main(sys.argv[1:])\n"
+            "except SystemExit:\n    pass\n"
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                          cwd=Path(__file__).parent.parent)
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr

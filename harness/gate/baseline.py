@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..echo import echo
 from ..files import atomic_text
 from ..metrics import NOISY
 from ..names import flaw
@@ -42,7 +43,7 @@ def baseline_path(root: Path, summary: Summary) -> Path:
     for part, value in parts.items():
         reason = unsafe_name(value)
         if reason:
-            raise CompareError(f"{summary.path}: {part} {value!r} {reason}: it must be one "
+            raise CompareError(f"{summary.path}: {part} {echo(value)} {reason}: it must be one "
                                "plain name to place a baseline")
     backend, scenario, variant = parts.values()
     return root / backend / scenario / f"{variant}.json"

@@ -16,6 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from .. import models
+from ..echo import MAX_ECHO, clip, echo
 from . import checks
 from .schema import ScenarioSpec, check_name
 
@@ -61,7 +62,7 @@ _UNION_TAGS = ("scalar", "mapping", "list")
 def _field_path(loc: tuple) -> str:
     # pydantic adds the union member's tag to the location, and `[key]` when a mapping's key
     # (not its value) is wrong; the user never wrote either.
-    parts = [str(p) for p in loc if p not in _UNION_TAGS and p != "[key]"]
+    parts = [clip(str(p), MAX_ECHO) for p in loc if p not in _UNION_TAGS and p != "[key]"]
     return ".".join(parts) or "(top level)"
 
 
@@ -119,7 +120,7 @@ class _Loader(yaml.SafeLoader):
             tag = str(node.tag).replace("tag:yaml.org,2002:", "!!")
             value = node.value if isinstance(node, yaml.ScalarNode) else node.id
             raise yaml.constructor.ConstructorError(
-                None, None, f"{_clip(value)!r} is not a valid {tag} value",
+                None, None, f"{echo(value)} is not a valid {tag} value",
                 node.start_mark) from None
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
@@ -135,16 +136,10 @@ class _Loader(yaml.SafeLoader):
                     continue  # an unhashable key: the base class says so
                 if duplicate:
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {_clip(key)!r} (given twice in one mapping)",
+                        None, None, f"duplicate key {echo(key)} (given twice in one mapping)",
                         key_node.start_mark)
                 seen.add(key)
         return super().construct_mapping(node, deep)
-
-
-def _clip(value: Any, limit: int = 40) -> Any:
-    if isinstance(value, str) and len(value) > limit:
-        return value[:limit] + "..."
-    return value
 
 
 def _printable(text: str) -> str:
@@ -223,11 +218,11 @@ def _load(path: Path, variants: list[str] | None) -> list[Variant]:
         try:
             check_name(name)
         except ValueError as exc:
-            raise ScenarioError(f"{path}: variants.{name!r}: {exc}") from None
+            raise ScenarioError(f"{path}: variants.{echo(name)}: {exc}") from None
         if not isinstance(override, (dict, type(None))):
             raise ScenarioError(f"{path}: variants.{name}: expected a mapping of overrides, "
                                 f"got {type(override).__name__}")
-    unknown = sorted(set(variants or []) - set(overrides))
+    unknown = [clip(name, MAX_ECHO) for name in sorted(set(variants or []) - set(overrides))]
     if unknown:
         raise ScenarioError(f"{path}: variants: no variant {', '.join(unknown)} "
                             f"(expected one of {', '.join(overrides)})")
