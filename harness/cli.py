@@ -24,7 +24,7 @@ from rich.markup import escape
 
 from . import console as term
 from .components import import_paths
-from .echo import echo
+from .echo import MAX_ECHO, clip, echo
 from .files import atomic_text
 from .gate import baseline
 from .gate.compare import CompareError, Comparison, compare, fraction, head_failed, size
@@ -114,7 +114,7 @@ def _tolerance_flags(args: argparse.Namespace) -> tuple[dict[str, float], dict[s
         for pair in pairs:
             name, sep, value = pair.partition("=")
             if not sep or name not in gated():
-                raise CompareError(f"{flag} {echo(pair)}: expected METRIC=VALUE with METRIC among "
+                raise CompareError(f"{flag} {clip(pair, MAX_ECHO)}: expected METRIC=VALUE with METRIC among "
                                    f"{', '.join(gated())}")
             parsed[name] = convert(value)
         return parsed

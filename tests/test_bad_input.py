@@ -23,6 +23,7 @@ from harness.cli import main
 from harness.gate import compare
 from harness.scenario import ScenarioError
 from harness.scenario import load_variants as load
+from tests import summaries as gate_summaries
 
 CORPUS = Path(__file__).parent / "data" / "bad_scenarios"
 EXPECTED = json.loads((CORPUS / "EXPECTED.json").read_text(encoding="utf-8"))
@@ -134,7 +135,7 @@ def test_strict_loading_keeps_what_is_fine(tmp_path, text, check):
 def summary(**changes) -> dict:
     data = {"schema": 1, "scenario": "s", "variant": "v", "status": "ok", "error": None,
             "metrics": {"peak": 2**20, "steady": 2**19}, "findings": [], "expectations": [],
-            "passed": True}
+            "passed": True, "environment": {"backend": "cpu"}}
     data.update(changes)
     return {k: v for k, v in data.items() if v is not ...}
 
@@ -146,7 +147,8 @@ BAD_SUMMARIES = {
     "truncated": (json.dumps(summary()).encode()[:-5], "corrupt JSON"),
     "deep": (b"[" * 100_000 + b"]" * 100_000, "not a valid summary (JSON nested too deeply)"),
     "deep_object": (b'{"a":' * 100_000 + b"1" + b"}" * 100_000, "JSON nested too deeply"),
-    "nan_peak": (b'{"schema": 1, "scenario": "s", "variant": "v", "status": "ok", "metrics": {"peak": NaN}}',
+    "nan_peak": (b'{"schema": 1, "scenario": "s", "variant": "v", "status": "ok", "metrics": {"peak": NaN}, '
+                 b'"environment": {"backend": "cpu"}}',
                  "metrics.peak: expected a finite number, got NaN"),
     "object_a1": (b'{"a": 1}', "unsupported summary schema null, expected 1"),
     "list": (b"[1]", "not a valid summary (expected a JSON object)"),
@@ -163,6 +165,13 @@ BAD_SUMMARIES = {
     "expectation_no_ok": (summary(expectations=[{"name": "peak"}]), "expectations.0.ok"),
     "passed_text": (summary(passed="yes"), "passed: expected true or false"),
     "error_number": (summary(status="failed", error=7), "error: expected text"),
+    "no_environment": (summary(environment=...), "no 'environment' object"),
+    "no_backend": (summary(environment={"mlx": "0.32.4"}),
+                   "environment.backend: expected the backend's name (cpu, metal or cuda), got null"),
+    "mlx_number": (summary(environment={"backend": "cpu", "mlx": 0.32}),
+                   "'environment.mlx' is not a string"),
+    "expectation_name_mapping": (summary(expectations=[{"name": {"a": 1}, "ok": True}]),
+                                 'expectations.0.name: expected text, got {"a": 1}'),
 }
 
 
@@ -340,3 +349,82 @@ def test_help_and_a_refused_file_import_neither_mlx_lm_nor_pandas_nor_matplotlib
     done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
                           cwd=Path(__file__).parent.parent)
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr
+
+
+# Summaries the gate reads: wrong types and missing blocks are bad input in every command.
+
+def _one_line_error(capsys) -> str:
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err + captured.out
+    message = captured.err.strip()
+    assert len(message.splitlines()) == 1 and message.startswith("error: "), message
+    return message
+
+
+def _folder(root: Path, *items: dict) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for item in items:
+        gate_summaries.write(root, item)
+    return root
+
+
+@pytest.mark.parametrize("side", ["base", "head"])
+@pytest.mark.parametrize("case, change, expected", [
+    ("mlx_not_a_string", {"environment": {**gate_summaries.ENVIRONMENT, "mlx": {"v": 1}}},
+     "not a valid summary ('environment.mlx' is not a string)"),
+    ("mlx_lm_not_a_string", {"environment": {**gate_summaries.ENVIRONMENT, "mlx_lm": 33}},
+     "not a valid summary ('environment.mlx_lm' is not a string)"),
+    ("expectation_name_mapping",
+     {"expectations": [{"name": {"peak": 1}, "expected": 1, "actual": 1, "ok": True}]},
+     'not a valid summary (expectations.0.name: expected text, got {"peak": 1})'),
+    ("expectation_name_list",
+     {"expectations": [{"name": ["peak"], "expected": 1, "actual": 1, "ok": True}]},
+     'not a valid summary (expectations.0.name: expected text, got ["peak"])'),
+    ("no_environment", {"environment": None},
+     "not a valid summary (no 'environment' object (expected the run's backend and versions))"),
+])
+def test_compare_refuses_a_mistyped_summary_on_either_side(tmp_path, capsys, side, case, change,
+                                                           expected):
+    good = gate_summaries.summary("s", "v", environment={"mlx": "0.33.0"})  # versions differ
+    bad = {k: v for k, v in {**gate_summaries.summary("s", "v"), **change}.items()
+           if v is not None}
+    base = _folder(tmp_path / "base", bad if side == "base" else good)
+    head = _folder(tmp_path / "head", bad if side == "head" else good)
+    assert main(["compare", str(base), str(head)]) == 2
+    message = _one_line_error(capsys)
+    assert f"{tmp_path / side / 's' / 'v' / 'summary.json'}: {expected}" in message, message
+
+
+def test_a_head_whose_summaries_lost_their_environment_fails_the_gate(tmp_path, capsys):
+    """It once compared nothing and exited 0: a broken head passed."""
+    items = [gate_summaries.summary("s", v) for v in ("a", "b")]
+    base = _folder(tmp_path / "base", *items)
+    head = _folder(tmp_path / "head", *({k: v for k, v in i.items() if k != "environment"}
+                                         for i in items))
+    assert main(["compare", str(base), str(head), "--format", "markdown"]) == 2
+    assert "no 'environment' object" in _one_line_error(capsys)
+
+
+def test_baseline_update_refuses_summaries_without_an_environment(tmp_path, capsys):
+    data = {k: v for k, v in gate_summaries.summary("s", "v").items() if k != "environment"}
+    reports = _folder(tmp_path / "reports", data)
+    assert main(["baseline", "update", "--from", str(reports),
+                 "--dir", str(tmp_path / "baselines")]) == 2
+    assert "no 'environment' object" in _one_line_error(capsys)
+    assert not (tmp_path / "baselines").exists()  # nothing filed under a backend named '?'
+
+
+def test_baseline_update_refuses_two_summaries_of_one_variant(tmp_path, capsys):
+    """As compare, export, history and `baseline check` do: which to record cannot be guessed."""
+    reports = tmp_path / "reports"
+    for shard, peak in (("one", 10), ("two", 20)):
+        _folder(reports / shard, gate_summaries.summary("s", "v", peak=peak * gate_summaries.MiB))
+    assert main(["baseline", "update", "--from", str(reports),
+                 "--dir", str(tmp_path / "baselines")]) == 2
+    message = _one_line_error(capsys)
+    assert (f"two summaries for s/v on backend cpu: {reports / 'one/s/v/summary.json'} and "
+            f"{reports / 'two/s/v/summary.json'}") in message
+    assert not (tmp_path / "baselines").exists()
+    for command in (["compare", str(reports), str(reports)], ["export", str(reports)]):
+        assert main(command) == 2
+        assert "two summaries for s/v" in _one_line_error(capsys)

@@ -26,7 +26,7 @@ from ..metrics import NOISY
 from ..names import flaw
 from ..summary import Summary, SummaryError, checked, load_summaries, read_summary
 from ..units import format_bytes
-from .compare import COMPARED, CompareError, compare, policy_changes, tolerances
+from .compare import COMPARED, CompareError, compare, index_summaries, policy_changes, tolerances
 from .render import format_value
 
 
@@ -115,8 +115,10 @@ def store(summaries: list[Summary], root: Path, allow_failed: bool = False) -> U
     """Record the summaries of completed runs as baselines, rewriting only what changed.
 
     Every summary is checked, and every old baseline compared, before the first is written, so
-    bad input records nothing.
+    bad input records nothing: two summaries of one variant are refused as `compare` refuses
+    them (which one to record cannot be guessed).
     """
+    index_summaries(summaries)
     result, planned = Update(), []
     for summary in summaries:
         why = refusal(summary, allow_failed)
