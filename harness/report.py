@@ -124,29 +124,36 @@ def reserve(out: Path) -> Iterator[None]:
     """Hold `out` for one run: it must be (or become) a writable folder that no other run holds.
 
     Checked before anything runs, so a bad `--out` never costs a suite's worth of work. The lock
-    is an advisory `flock` on `out/.kvmem.lock`, released when the run ends or its process dies.
+    is an advisory `flock` on `out/.kvmem.lock`, released when the run ends or its process dies;
+    the file names the holder's pid. Every step, the pid's write included, is a ReportError
+    when it fails (a full disk), never an OSError from the middle of a command.
     """
+    def refused(exc: OSError) -> ReportError:
+        return ReportError(f"{out}: cannot write reports there: {exc.strerror or exc}")
+
     try:
         out.mkdir(parents=True, exist_ok=True)
-        handle = open(out / LOCK_NAME, "a+")  # noqa: SIM115 - held by the `with` below
+        lock = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o666)
     except OSError as exc:
-        raise ReportError(f"{out}: cannot write reports there: {exc.strerror or exc}") from None
-    with handle:
+        raise refused(exc) from None
+    try:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
+            holder = os.pread(lock, 100, 0).decode(errors="replace").strip() or "another process"
             raise ReportError(f"{out}: another kvmem run ({holder}) is writing reports there; "
                               "wait for it or choose another --out") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}\n")
-        handle.flush()
+        try:
+            os.ftruncate(lock, 0)
+            os.write(lock, f"pid {os.getpid()}\n".encode())
+        except OSError as exc:
+            raise refused(exc) from None
         try:
             yield
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    finally:
+        os.close(lock)
 
 
 def write_variant(out: Path, frame: pd.DataFrame, summary: Summary,

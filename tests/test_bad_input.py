@@ -428,3 +428,73 @@ def test_baseline_update_refuses_two_summaries_of_one_variant(tmp_path, capsys):
     for command in (["compare", str(reports), str(reports)], ["export", str(reports)]):
         assert main(command) == 2
         assert "two summaries for s/v" in _one_line_error(capsys)
+
+
+# merge reads and checks every input before it writes anything; --out is left as it was.
+
+SAMPLES = "step,phase,active,peak\n0,idle,0,0\n1,prefill,1024,2048\n"
+
+
+def _shard(root: Path, variants: int, samples: dict[int, bytes]) -> Path:
+    """A report folder of `variants` variants of scenario s, each with samples.csv (the bytes
+    given for some, sound ones for the others)."""
+    for index in range(variants):
+        path = gate_summaries.write(root, gate_summaries.summary("s", f"v{index}"))
+        (path.parent / "samples.csv").write_bytes(samples.get(index, SAMPLES.encode()))
+    return root
+
+
+@pytest.mark.parametrize("samples, expected", [
+    (b"step,phase,active\n0,idle,0\n",
+     "not valid samples (lacks peak; expected the columns step, active, peak)"),
+    ("step,active,peak\n0,0,0\n1,5,\u00e9\n".encode("latin-1"), "not valid samples (not UTF-8 text)"),
+    (b"step,active,peak\n0,0,lots\n", "not valid samples (peak: expected numbers)"),
+    (b'step,active,peak\n0,0,"1\n', "not valid samples (Error tokenizing data"),
+], ids=["no_peak", "latin1", "text_peak", "unclosed_quote"])
+@pytest.mark.parametrize("existing", [False, True], ids=["new_out", "existing_out"])
+def test_merge_refuses_bad_samples_before_writing_anything(tmp_path, capsys, samples, expected,
+                                                           existing):
+    one = _shard(tmp_path / "one", 8, {})
+    two = _shard(tmp_path / "two", 0, {})
+    gate_summaries.write(two, gate_summaries.summary("t", "w"))
+    (two / "t" / "w" / "samples.csv").write_bytes(samples)
+    out = tmp_path / "out"
+    if existing:
+        (out / "old").mkdir(parents=True)
+        (out / "old" / "kept.txt").write_text("kept")
+    before = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
+    assert main(["merge", str(one), str(two), "--out", str(out)]) == 2
+    message = _one_line_error(capsys)
+    assert f"error: {two / 't' / 'w' / 'samples.csv'}: {expected}" in message, message
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == before
+
+
+# A full disk: the lock file's write is handled like every other write (exit 2, one line).
+
+def _full_disk(monkeypatch) -> None:
+    import errno
+    import os
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", full)
+
+
+def test_merge_into_a_new_out_on_a_full_disk_exits_2(tmp_path, capsys, monkeypatch):
+    one = _shard(tmp_path / "one", 2, {})
+    _full_disk(monkeypatch)
+    assert main(["merge", str(one), "--out", str(tmp_path / "out")]) == 2
+    assert _one_line_error(capsys) == (f"error: {tmp_path / 'out'}: cannot write reports there: "
+                                       "No space left on device")
+
+
+def test_run_into_a_new_out_on_a_full_disk_exits_2(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "tiny.yaml"
+    path.write_text("model: {dtype: float16, vocab: 256, layers: [{count: 1, kind: full, "
+                    "kv_heads: 1, head_dim: 32}]}\nworkload: {requests: [{prompt: 8}]}\n")
+    _full_disk(monkeypatch)
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 2
+    assert _one_line_error(capsys) == (f"error: {tmp_path / 'out'}: cannot write reports there: "
+                                       "No space left on device")
+    assert [p.name for p in (tmp_path / "out").iterdir()] == [".kvmem.lock"]  # nothing ran
