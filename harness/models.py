@@ -36,6 +36,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from . import geometry as geo
+from .echo import clip
 
 if TYPE_CHECKING:
     import mlx.nn as nn
@@ -127,8 +128,8 @@ def build(choice: ModelChoice) -> nn.Module:
 
         try:
             model, _config = load_model(Path(choice.path), lazy=True)
-        except (OSError, ValueError, KeyError) as exc:
-            raise ModelError(f"cannot load a model from {choice.path}: {exc}") from None
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            raise ModelError(_load_failure(Path(choice.path), exc)) from None
     else:
         from mlx_lm.utils import _get_classes
 
@@ -142,6 +143,21 @@ def build(choice: ModelChoice) -> nn.Module:
 
         nn.quantize(model, group_size=choice.group_size, bits=choice.bits)
     return model
+
+
+def _load_failure(folder: Path, exc: Exception) -> str:
+    """Why a model folder did not load, naming the weight file MLX refuses if one is: MLX's own
+    message for a truncated download ("invalid data offsets") names no file."""
+    for file in sorted(folder.glob("model*.safetensors")):  # what mlx-lm's load_model reads
+        try:
+            mx.load(str(file))
+        except (OSError, ValueError, RuntimeError) as bad:
+            return f"{file}: not a valid safetensors file ({clip(_first_line(bad))})"
+    return f"cannot load a model from {folder}: {clip(_first_line(exc))}"
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def weights_bytes(model: nn.Module) -> int:

@@ -498,3 +498,25 @@ def test_run_into_a_new_out_on_a_full_disk_exits_2(tmp_path, capsys, monkeypatch
     assert _one_line_error(capsys) == (f"error: {tmp_path / 'out'}: cannot write reports there: "
                                        "No space left on device")
     assert [p.name for p in (tmp_path / "out").iterdir()] == [".kvmem.lock"]  # nothing ran
+
+
+# A corrupt model folder is bad input naming the file, refused before any variant runs.
+
+@pytest.mark.parametrize("keep", [0.5, 20], ids=["truncated_data", "truncated_header"])
+def test_a_truncated_safetensors_file_is_bad_input_naming_it(tmp_path, capsys, keep):
+    from tests.test_model_engine import tiny_llama_folder
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    tiny_llama_folder(folder)
+    weights = folder / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:int(len(data) * keep) if keep < 1 else keep])
+    path = tmp_path / "real.yaml"
+    path.write_text(f"engine: mlx_lm\nmodel: {{path: '{folder}'}}\n"
+                    "workload: {requests: [{prompt: 8, decode: 2}]}\n")
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 2
+    message = _one_line_error(capsys)
+    assert message.startswith(f"error: {path}: model: {weights}: not a valid safetensors file "
+                              "([load_safetensors] "), message
+    assert not (tmp_path / "out").exists()
