@@ -33,7 +33,7 @@ from .gate.render import RENDERERS, render_text
 from .metrics import gated
 from .report import ReportError
 from .run.defaults import DEFAULT_OUT, DEFAULT_RUNS, DEFAULT_TIMEOUT
-from .scenario import ScenarioError, Variant, discover, load_variants
+from .scenario import ScenarioError, Variant, check_unique, discover, load_variants
 from .summary import Summary, SummaryError, checked, exit_status, load_summaries
 
 BAD_INPUT = (ScenarioError, ReportError, SummaryError, CompareError)
@@ -47,7 +47,8 @@ MAX_SHARDS = 1000
 
 def _variants(paths: Sequence[str | Path], only: list[str] | None = None,
               console: Console | None = None) -> list[Variant]:
-    """Every variant of the scenario files under `paths` (or those named), validated first.
+    """Every variant of the scenario files under `paths` (or those named), validated first;
+    two that would write one report folder are bad input.
 
     With a console (the commands that run them), warns once about each version bound on mlx
     or mlx-lm that a component's package declares and the installed version violates.
@@ -55,6 +56,7 @@ def _variants(paths: Sequence[str | Path], only: list[str] | None = None,
     variants = [v for path in discover(paths) for v in load_variants(path, only)]
     if not variants:
         raise ScenarioError(f"{', '.join(map(str, paths))}: no scenario files (*.yaml) found")
+    check_unique(variants)
     if console is not None:
         from .requirements import bound_warnings  # packaging: once the files are read
 

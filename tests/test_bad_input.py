@@ -520,3 +520,36 @@ def test_a_truncated_safetensors_file_is_bad_input_naming_it(tmp_path, capsys, k
     assert message.startswith(f"error: {path}: model: {weights}: not a valid safetensors file "
                               "([load_safetensors] "), message
     assert not (tmp_path / "out").exists()
+
+
+# Two variants that would write one report folder: bad input before anything runs.
+
+TINY = ("model: {dtype: float16, vocab: 256, layers: [{count: 1, kind: full, kv_heads: 1, "
+        "head_dim: 32}]}\nworkload: {requests: [{prompt: 8}]}\n")
+
+
+def test_two_scenario_files_with_one_name_are_refused_before_anything_runs(tmp_path, capsys):
+    one, two = tmp_path / "one.yaml", tmp_path / "two.yaml"
+    for path in (one, two):
+        path.write_text("name: same\n" + TINY)
+    assert main(["run", str(one), str(two), "--out", str(tmp_path / "out")]) == 2
+    assert _one_line_error(capsys) == (
+        f"error: {two}: name: 'same' is also the name of {one}; each scenario needs its own "
+        "name (its reports go under <out>/same/)")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("twice", [["{f}", "{f}"], ["{d}", "{f}"]], ids=["file", "folder_and_file"])
+def test_a_scenario_file_given_twice_is_refused_before_anything_runs(tmp_path, capsys, twice):
+    folder = tmp_path / "scenarios"
+    folder.mkdir()
+    path = folder / "tiny.yaml"
+    path.write_text(TINY)
+    paths = [t.format(f=path, d=folder) for t in twice]
+    for command in (["run", *paths, "--out", str(tmp_path / "out")],
+                    ["baseline", "update", *paths, "--dir", str(tmp_path / "baselines")]):
+        assert main(command) == 2
+        assert _one_line_error(capsys) == (
+            f"error: {path}: given twice (among the paths, or in a folder given too); each "
+            "scenario file runs once")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "baselines").exists()

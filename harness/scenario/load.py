@@ -248,6 +248,23 @@ def _load(path: Path, variants: list[str] | None) -> list[Variant]:
     return scenarios
 
 
+def check_unique(variants: Sequence[Variant]) -> None:
+    """Refuse two variants of one scenario and variant name: both would write one report folder
+    (<out>/<scenario>/<variant>/), the second replacing the first, so this is bad input before
+    anything runs. A file given twice, or two files with one `name:`, are the usual causes."""
+    seen: dict[tuple[str, str], Variant] = {}
+    for variant in variants:
+        first = seen.setdefault((variant.scenario, variant.name), variant)
+        if first is variant:
+            continue
+        if first.path.resolve() == variant.path.resolve():
+            raise ScenarioError(f"{variant.path}: given twice (among the paths, or in a folder "
+                                "given too); each scenario file runs once")
+        raise ScenarioError(f"{variant.path}: name: {variant.scenario!r} is also the name of "
+                            f"{first.path}; each scenario needs its own name (its reports go "
+                            f"under <out>/{variant.scenario}/)")
+
+
 def discover(paths: Sequence[str | Path]) -> list[Path]:
     """Scenario files from files and folders (folders: every *.yaml / *.yml, sorted)."""
     found: list[Path] = []
