@@ -8,6 +8,7 @@ hold characters YAML refuses) are listed in `EXPECTED.json` instead.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -553,3 +554,70 @@ def test_a_scenario_file_given_twice_is_refused_before_anything_runs(tmp_path, c
             f"error: {path}: given twice (among the paths, or in a folder given too); each "
             "scenario file runs once")
     assert not (tmp_path / "out").exists() and not (tmp_path / "baselines").exists()
+
+
+# Ctrl-C at any moment: exit 130 and one line, never a traceback, in the parent or a child.
+
+INTERRUPT_AT_IMPORT = """\
+import os, signal, sys
+from harness.__main__ import run  # what the kvmem script calls (python -m harness too)
+
+class Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name == MODULE:  # Ctrl-C while this module is being imported
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+MODULE, sys.argv = sys.argv[1], ["kvmem", *sys.argv[2:]]
+sys.meta_path.insert(0, Interrupt())
+run()
+"""
+
+
+@pytest.mark.parametrize("module", ["harness.cli", "rich.console", "harness.scenario.schema",
+                                    "harness.gate.render", "harness.run.suite"])
+def test_ctrl_c_while_the_command_line_imports_is_one_line_and_130(tmp_path, module):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY)
+    done = subprocess.run([sys.executable, "-c", INTERRUPT_AT_IMPORT, module, "run", str(path),
+                           "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    assert done.returncode == 130, done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    assert len(done.stderr.strip().splitlines()) == 1 and "interrupted" in done.stderr
+
+
+# In the variant's child only: Ctrl-C (a terminal sends it to the whole process group) while the
+# child is still importing the runner, before any of kvmem's code runs there.
+CHILD_SITECUSTOMIZE = """\
+import os, signal, sys
+
+if "--multiprocessing-fork" in sys.argv:
+    class Interrupt:
+        def find_spec(self, name, path=None, target=None):
+            if name == "harness.run.isolation":
+                sys.meta_path.remove(self)
+                os.kill(os.getpid(), signal.SIGINT)
+            return None
+
+    sys.meta_path.insert(0, Interrupt())
+"""
+
+
+def test_a_variant_process_is_deaf_to_ctrl_c_while_it_imports(tmp_path):
+    """Deaf from its first instruction, not once its imports end: it once printed a
+    KeyboardInterrupt traceback. (The parent decides: with the whole group interrupted, the
+    parent stops the run, exit 130, as the signal tests of test_isolation show.)"""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(CHILD_SITECUSTOMIZE)
+    root = Path(__file__).parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path / "site"), str(root), os.environ.get("PYTHONPATH", "")])}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY)
+    done = subprocess.run([sys.executable, "-m", "harness", "run", str(path), "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, env=env,
+                          cwd=root, timeout=120)
+    assert "Traceback" not in done.stderr + done.stdout, done.stderr
+    assert done.returncode == 0, done.stderr
