@@ -116,8 +116,8 @@ def _tolerance_flags(args: argparse.Namespace) -> tuple[dict[str, float], dict[s
         for pair in pairs:
             name, sep, value = pair.partition("=")
             if not sep or name not in gated():
-                raise CompareError(f"{flag} {clip(pair, MAX_ECHO)}: expected METRIC=VALUE with METRIC among "
-                                   f"{', '.join(gated())}")
+                raise CompareError(f"{flag} {clip(pair, MAX_ECHO)}: expected METRIC=VALUE with "
+                                   f"METRIC among {', '.join(gated())}")
             parsed[name] = convert(value)
         return parsed
 
