@@ -18,6 +18,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from rich.console import Console
 from rich.markup import escape
@@ -274,8 +275,16 @@ def _history_parsers(sub: argparse._SubParsersAction) -> None:
     history.set_defaults(handler=_history)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, reporting a mistake in the arguments as all bad input is reported: one line,
+    the values it echoes cut to fit, exit 2 (`--help` shows the usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {clip(message, 300)}\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(
+    top = _Parser(
         prog="kvmem",
         description="Memory profiling and regression gate for KV-cache strategies on MLX.",
     )

@@ -621,3 +621,21 @@ def test_a_variant_process_is_deaf_to_ctrl_c_while_it_imports(tmp_path):
                           cwd=root, timeout=120)
     assert "Traceback" not in done.stderr + done.stdout, done.stderr
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["run", "scenarios", "--shard", "1/99999999999999999999"],
+     "error: kvmem run: argument --shard: expected I/N with whole numbers 1 <= I <= N <= 1000, "
+     "got '1/99999999999999999999'"),
+    (["compare", "a", "b", "--format", HUGE], "error: kvmem compare: argument --format: invalid "
+                                              f"choice: '{'x' * 50}"),
+    (["run", "scenarios", "--jobs", "9" * 5000], "error: kvmem run: argument --jobs: expected a "
+                                                 "whole number of jobs from 1 to 1024, got '999"),
+    ([], "error: kvmem: the following arguments are required: command"),
+], ids=["shard_huge_n", "format_huge", "jobs_many_digits", "no_command"])
+def test_a_mistake_in_the_arguments_is_one_short_line_and_exit_2(capsys, argv, expected):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    message = _one_line_error(capsys)
+    assert message.startswith(expected) and len(message) < 500, message[:1000]
