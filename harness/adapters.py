@@ -1,4 +1,8 @@
-"""Adapters that let third-party stores run as kvmem stores without changing them.
+"""Adapters that let mlx-lm's caches and third-party stores run as kvmem components unchanged.
+
+mlx-lm's layer caches are built by the factories below, which only translate a layer's geometry
+into their constructor arguments (`mlx_lm.KVCache` and the others in
+`harness.components.REGISTRY`).
 
 `adapt.remaining` wraps a store whose `fetch(tokens)` returns `(cache, remaining_tokens)`, as
 mlx-lm's prompt caches do, instead of kvmem's `(caches, matched)`:
@@ -22,13 +26,42 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from mlx_lm.models.cache import LRUPromptCache
+from mlx_lm.models import cache as mlx_cache
 
 from .components import resolve
 from .protocols import LayerCache, StoreBase
 
 if TYPE_CHECKING:
-    from .geometry import Geometry
+    from .geometry import Geometry, LayerSpec
+
+
+def kv_cache(spec: LayerSpec) -> mlx_cache.KVCache:
+    """mlx-lm's growing cache: capacity in steps of 256 slots, by concatenation."""
+    return mlx_cache.KVCache()
+
+
+def rotating_kv_cache(
+    spec: LayerSpec, max_size: int | None = None, keep: int = 0
+) -> mlx_cache.RotatingKVCache:
+    """mlx-lm's sliding-window cache; the window defaults to the layer's."""
+    return mlx_cache.RotatingKVCache(max_size=max_size or spec.window, keep=keep)
+
+
+def batch_rotating_kv_cache(
+    spec: LayerSpec, max_size: int | None = None
+) -> mlx_cache.BatchRotatingKVCache:
+    """mlx-lm's batched sliding-window cache, with no left padding."""
+    return mlx_cache.BatchRotatingKVCache(
+        max_size=max_size or spec.window, left_padding=[0] * spec.batch
+    )
+
+
+def quantized_kv_cache(
+    spec: LayerSpec, bits: int = 8, group_size: int = 64
+) -> mlx_cache.QuantizedKVCache:
+    """mlx-lm's quantized cache (keys and values packed to `bits`)."""
+    return mlx_cache.QuantizedKVCache(group_size=group_size, bits=bits)
+
 
 MODEL_KEY = "kvmem"  # the model every entry belongs to: one model per run
 
@@ -118,8 +151,8 @@ class LRUPromptStore:
     `(cache, remaining_tokens)` as mlx-lm's does, for `RemainingStore`."""
 
     def __init__(self, max_size: int = 10, max_bytes: int | None = None):
-        self.cache = LRUPromptCache(max_size=max_size,
-                                    max_bytes=(1 << 63) if max_bytes is None else max_bytes)
+        self.cache = mlx_cache.LRUPromptCache(
+            max_size=max_size, max_bytes=(1 << 63) if max_bytes is None else max_bytes)
 
     def fetch(self, tokens: tuple[int, ...]) -> tuple[list[Any] | None, list[int]]:
         cache, left = self.cache.fetch_nearest_cache(MODEL_KEY, list(tokens))

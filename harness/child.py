@@ -3,9 +3,11 @@
 User code (components imported to check them, a variant served) runs in a spawned child, so
 that one that exits, crashes or hangs becomes an error message instead of the end of kvmem. The
 child ignores Ctrl-C, which reaches the whole process group: the parent decides what the child
-does about it. On Linux the child dies with its parent (`PR_SET_PDEATHSIG`), however the parent
-ends. The parent talks to it over one two-way pipe and kills and joins it however the `with`
-block ends.
+does about it. It is deaf from its first instruction: the parent blocks SIGINT while it starts
+the child, which inherits the blocked signal through exec, so a Ctrl-C while the new
+interpreter still imports (a second or two) prints no traceback there. On Linux the child dies
+with its parent (`PR_SET_PDEATHSIG`), however the parent ends. The parent talks to it over one
+two-way pipe and kills and joins it however the `with` block ends.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from types import TracebackType
 from typing import Any
@@ -67,8 +70,18 @@ class Child:
 
     def __enter__(self) -> Child:
         try:
-            self.process.start()
+            # multiprocessing starts its resource tracker with the first child and unblocks
+            # SIGINT when it has: start it before blocking, so the block holds for the child.
+            resource_tracker.ensure_running()
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                self.process.start()
+            finally:  # a Ctrl-C that came meanwhile reaches the parent now
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         except BaseException:
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join()
             self.pipe.close()
             raise
         finally:

@@ -3,6 +3,9 @@
 Exit status: 0 every expectation held, 1 an expectation (or comparison) failed, 2 bad input or a
 run that could not complete. Bad input is one line naming the file and the field, never a
 traceback.
+
+The runner (MLX, pandas, matplotlib) is imported by the commands that run or merge, after their
+input has been read: `kvmem --help` and the refusal of a bad file load neither.
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from rich.console import Console
 from rich.markup import escape
 
 from . import console as term
 from .components import import_paths
+from .echo import MAX_ECHO, clip, echo
 from .files import atomic_text
 from .gate import baseline
 from .gate.compare import CompareError, Comparison, compare, fraction, head_failed, size
@@ -28,22 +33,23 @@ from .gate.history import DEFAULT_METRICS, EXPORTERS, load_runs, write_history
 from .gate.render import RENDERERS, render_text
 from .metrics import gated
 from .report import ReportError
-from .requirements import bound_warnings
-from .run import repeat
-from .run.isolation import DEFAULT_TIMEOUT
-from .run.merge import merge
-from .run.schedule import parse_shard, shard
-from .run.suite import run_variants
-from .scenario import ScenarioError, Variant, discover, load_variants
+from .run.defaults import DEFAULT_OUT, DEFAULT_RUNS, DEFAULT_TIMEOUT
+from .scenario import ScenarioError, Variant, check_unique, discover, load_variants
 from .summary import Summary, SummaryError, checked, exit_status, load_summaries
 
 BAD_INPUT = (ScenarioError, ReportError, SummaryError, CompareError)
 DEFAULT_SCENARIOS = Path("scenarios")
+# Bounds on the numeric flags: far above any real use, and checked before anything is sized by
+# them (an unbounded --shard N once took gigabytes before a variant ran).
+MAX_JOBS = 1024
+MAX_RUNS = 1000
+MAX_SHARDS = 1000
 
 
 def _variants(paths: Sequence[str | Path], only: list[str] | None = None,
               console: Console | None = None) -> list[Variant]:
-    """Every variant of the scenario files under `paths` (or those named), validated first.
+    """Every variant of the scenario files under `paths` (or those named), validated first;
+    two that would write one report folder are bad input.
 
     With a console (the commands that run them), warns once about each version bound on mlx
     or mlx-lm that a component's package declares and the installed version violates.
@@ -51,7 +57,10 @@ def _variants(paths: Sequence[str | Path], only: list[str] | None = None,
     variants = [v for path in discover(paths) for v in load_variants(path, only)]
     if not variants:
         raise ScenarioError(f"{', '.join(map(str, paths))}: no scenario files (*.yaml) found")
+    check_unique(variants)
     if console is not None:
+        from .requirements import bound_warnings  # packaging: once the files are read
+
         term.warn(console, bound_warnings((", ".join(_user_components(v)), v.packages)
                                           for v in variants if v.packages))
     return variants
@@ -65,6 +74,9 @@ def _user_components(variant: Variant) -> list[str]:
 
 def _run(args: argparse.Namespace, console: Console) -> int:
     variants = _variants(args.paths, args.variant, console)
+    from .run.schedule import shard
+    from .run.suite import run_variants
+
     if args.shard:
         variants = shard(variants, *args.shard)
         console.print(f"shard {args.shard[0]}/{args.shard[1]}: {len(variants)} variant(s)",
@@ -76,6 +88,8 @@ def _run(args: argparse.Namespace, console: Console) -> int:
 
 
 def _merge(args: argparse.Namespace, console: Console) -> int:
+    from .run.merge import merge
+
     summaries = merge([Path(p) for p in args.folders], Path(args.out), console)
     console.print(term.results(summaries))
     console.print(f"merged {len(summaries)} variant(s) from {len(args.folders)} folder(s) "
@@ -107,8 +121,8 @@ def _tolerance_flags(args: argparse.Namespace) -> tuple[dict[str, float], dict[s
         for pair in pairs:
             name, sep, value = pair.partition("=")
             if not sep or name not in gated():
-                raise CompareError(f"{flag} {pair}: expected METRIC=VALUE with METRIC among "
-                                   f"{', '.join(gated())}")
+                raise CompareError(f"{flag} {clip(pair, MAX_ECHO)}: expected METRIC=VALUE with "
+                                   f"METRIC among {', '.join(gated())}")
             parsed[name] = convert(value)
         return parsed
 
@@ -164,6 +178,9 @@ def _suite_summaries(args: argparse.Namespace, console: Console) -> list[Summary
             raise CompareError(f"{args.source}: no summaries found")
         return summaries
     variants, reports = _variants(args.paths or ["scenarios"], console=console), Path(args.reports)
+    from .run import repeat
+    from .run.suite import run_variants
+
     if runs > 1:
         results = repeat.run_repeated(variants, runs, reports, console, args.jobs)
         term.warn(console, repeat.warnings(results))
@@ -194,8 +211,10 @@ def _baseline_check(args: argparse.Namespace, console: Console) -> int:
 def _noise(args: argparse.Namespace, console: Console) -> int:
     """Exit 2 when a run did not complete, 1 when exact metrics differed or an expectation
     failed in some run, else 0."""
-    summaries = repeat.run_repeated(_variants(args.paths, args.variant, console), args.runs,
-                                    Path(args.out), console, args.jobs)
+    variants = _variants(args.paths, args.variant, console)
+    from .run import repeat
+
+    summaries = repeat.run_repeated(variants, args.runs, Path(args.out), console, args.jobs)
     console.print(term.noise(summaries))
     found = repeat.warnings(summaries)
     term.warn(console, found)
@@ -260,8 +279,16 @@ def _history_parsers(sub: argparse._SubParsersAction) -> None:
     history.set_defaults(handler=_history)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, reporting a mistake in the arguments as all bad input is reported: one line,
+    the values it echoes cut to fit, exit 2 (`--help` shows the usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {clip(message, 300)}\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(
+    top = _Parser(
         prog="kvmem",
         description="Memory profiling and regression gate for KV-cache strategies on MLX.",
     )
@@ -274,7 +301,7 @@ def parser() -> argparse.ArgumentParser:
                      help="kill a variant that runs longer (default: the scenario's timeout, "
                           f"else {DEFAULT_TIMEOUT:g} s)")
     _jobs_option(run)
-    run.add_argument("--shard", type=parse_shard, metavar="I/N",
+    run.add_argument("--shard", type=_shard, metavar="I/N",
                      help="run only the I-th of N deterministic parts of the suite's variants, "
                           "balanced by planned steps (join the parts with `kvmem merge`)")
     run.set_defaults(handler=_run)
@@ -315,7 +342,7 @@ def parser() -> argparse.ArgumentParser:
                             help="use the summaries under REPORTS instead of running the suite")
         _jobs_option(action)
         action.set_defaults(handler=handler)
-    update.add_argument("--runs", type=_runs(1), default=1, metavar="N",
+    update.add_argument("--runs", type=_whole("runs", 1, MAX_RUNS), default=1, metavar="N",
                         help="run each variant N times and record the median run with the "
                              "measured spread of peak and spike (default: 1)")
     update.add_argument("--allow-failed", action="store_true",
@@ -327,10 +354,11 @@ def parser() -> argparse.ArgumentParser:
         "noise", help="run each variant N times and report the spread of peak and spike")
     noisy.add_argument("paths", nargs="+", help="scenario YAML files or folders of them")
     noisy.add_argument("--variant", action="append", help="run only this variant (repeatable)")
-    noisy.add_argument("--runs", type=_runs(2), default=repeat.DEFAULT_RUNS, metavar="N",
-                       help=f"runs per variant (default: {repeat.DEFAULT_RUNS})")
-    noisy.add_argument("--out", default=repeat.DEFAULT_OUT,
-                       help=f"report folder for the median runs (default: {repeat.DEFAULT_OUT})")
+    noisy.add_argument("--runs", type=_whole("runs", 2, MAX_RUNS), default=DEFAULT_RUNS,
+                       metavar="N",
+                       help=f"runs per variant (default: {DEFAULT_RUNS})")
+    noisy.add_argument("--out", default=DEFAULT_OUT,
+                       help=f"report folder for the median runs (default: {DEFAULT_OUT})")
     _jobs_option(noisy)
     noisy.set_defaults(handler=_noise)
     _history_parsers(sub)
@@ -351,29 +379,31 @@ def _gate_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _jobs_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--jobs", type=_job_count, default=1, metavar="N",
+    parser.add_argument("--jobs", type=_whole("jobs", 1, MAX_JOBS), default=1, metavar="N",
                         help="run up to N variants at once, each started only when its "
                              "estimated footprint fits beside the running ones (default: 1)")
 
 
-def _job_count(text: str) -> int:
-    if not text.isdecimal() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of jobs >= 1, got {text!r}")
-    return int(text)
-
-
-def _runs(least: int):
-    """An argparse type: a whole number of runs, at least `least`."""
+def _whole(what: str, least: int, most: int):
+    """An argparse type: a whole number of `what` from `least` to `most`, in digits (`+2`,
+    `2.0` and a 5,000-digit number are refused, not read)."""
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = least - 1
-        if value < least:
-            raise argparse.ArgumentTypeError(f"expected a whole number of runs >= {least}, "
-                                             f"got {text!r}")
-        return value
+        if text.isdecimal() and len(text) <= len(str(most)) and least <= int(text) <= most:
+            return int(text)
+        raise argparse.ArgumentTypeError(f"expected a whole number of {what} from {least} to "
+                                         f"{most}, got {echo(text)}")
     return parse
+
+
+def _shard(text: str) -> tuple[int, int]:
+    """`i/n` with whole numbers 1 <= i <= n <= MAX_SHARDS, as an argparse type."""
+    index, sep, count = text.partition("/")
+    digits = len(str(MAX_SHARDS))
+    if (sep and all(part.isdecimal() and len(part) <= digits for part in (index, count))
+            and 1 <= int(index) <= int(count) <= MAX_SHARDS):
+        return int(index), int(count)
+    raise argparse.ArgumentTypeError(f"expected I/N with whole numbers 1 <= I <= N <= "
+                                     f"{MAX_SHARDS}, got {echo(text)}")
 
 
 def _seconds(text: str) -> float:
@@ -382,7 +412,7 @@ def _seconds(text: str) -> float:
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {echo(text)}")
     return value
 
 

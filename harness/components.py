@@ -2,8 +2,9 @@
 
 A scenario names each component either by a registry name (`mlx_lm.KVCache`,
 `reference.prefix_cache`) or by an import path `package.module:attr`, so a user can profile
-their own cache code without touching the harness. mlx-lm's own classes are driven as they are;
-the small adapters below only translate a layer's geometry into their constructor arguments.
+their own cache code without touching the harness. mlx-lm's own classes are driven as they are,
+through the small factories in `harness.adapters`. Nothing here imports MLX or mlx-lm: a
+scenario is checked against the registry without loading them.
 """
 
 from __future__ import annotations
@@ -16,45 +17,14 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from mlx_lm.models import cache as mlx_cache
-
 from .child import Child, how
-from .geometry import LayerSpec
-
-
-def kv_cache(spec: LayerSpec) -> mlx_cache.KVCache:
-    """mlx-lm's growing cache: capacity in steps of 256 slots, by concatenation."""
-    return mlx_cache.KVCache()
-
-
-def rotating_kv_cache(
-    spec: LayerSpec, max_size: int | None = None, keep: int = 0
-) -> mlx_cache.RotatingKVCache:
-    """mlx-lm's sliding-window cache; the window defaults to the layer's."""
-    return mlx_cache.RotatingKVCache(max_size=max_size or spec.window, keep=keep)
-
-
-def batch_rotating_kv_cache(
-    spec: LayerSpec, max_size: int | None = None
-) -> mlx_cache.BatchRotatingKVCache:
-    """mlx-lm's batched sliding-window cache, with no left padding."""
-    return mlx_cache.BatchRotatingKVCache(
-        max_size=max_size or spec.window, left_padding=[0] * spec.batch
-    )
-
-
-def quantized_kv_cache(
-    spec: LayerSpec, bits: int = 8, group_size: int = 64
-) -> mlx_cache.QuantizedKVCache:
-    """mlx-lm's quantized cache (keys and values packed to `bits`)."""
-    return mlx_cache.QuantizedKVCache(group_size=group_size, bits=bits)
-
+from .echo import MAX_ECHO, clip, echo
 
 REGISTRY: dict[str, str] = {
-    "mlx_lm.KVCache": "harness.components:kv_cache",
-    "mlx_lm.RotatingKVCache": "harness.components:rotating_kv_cache",
-    "mlx_lm.BatchRotatingKVCache": "harness.components:batch_rotating_kv_cache",
-    "mlx_lm.QuantizedKVCache": "harness.components:quantized_kv_cache",
+    "mlx_lm.KVCache": "harness.adapters:kv_cache",
+    "mlx_lm.RotatingKVCache": "harness.adapters:rotating_kv_cache",
+    "mlx_lm.BatchRotatingKVCache": "harness.adapters:batch_rotating_kv_cache",
+    "mlx_lm.QuantizedKVCache": "harness.adapters:quantized_kv_cache",
     "reference.rotating": "reference_impl.rotating:rotating",
     "reference.batch_rotating": "reference_impl.rotating:batch_rotating",
     "reference.prefix_cache": "reference_impl.prefix_cache:prefix_cache",
@@ -76,17 +46,18 @@ def resolve(name: str) -> Callable[..., Any]:
     if ":" not in path:
         known = ", ".join(sorted(REGISTRY))
         raise ComponentError(
-            f"unknown component {name!r}: expected one of {known}, "
+            f"unknown component {echo(name)}: expected one of {known}, "
             "or an import path 'package.module:factory'"
         )
     module_name, _, attr = path.partition(":")
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any import failure is the user's path, not ours
-        raise ComponentError(f"cannot import module {module_name!r} for {name!r}: {exc}") from exc
+        raise ComponentError(f"cannot import module {echo(module_name)} for {echo(name)}: "
+                             f"{clip(str(exc))}") from exc
     factory = getattr(module, attr, None)
     if not callable(factory):
-        raise ComponentError(f"{module_name!r} has no callable {attr!r} (from {name!r})")
+        raise ComponentError(f"{echo(module_name)} has no callable {echo(attr)} (from {echo(name)})")
     return factory
 
 
@@ -149,7 +120,7 @@ def _bind(binding: Binding) -> str | None:
     try:
         inspect.signature(factory).bind(binding.first_arg, **binding.options)
     except TypeError as exc:
-        return f"{binding.field}.options: {exc} (for {binding.name})"
+        return f"{binding.field}.options: {clip(str(exc))} (for {clip(binding.name, MAX_ECHO)})"
     except ValueError:
         pass  # builtins without a signature: the run will tell
     return None
@@ -164,14 +135,16 @@ def _build(binding: Binding) -> str | None:
     try:
         built = resolve(binding.name)(binding.first_arg, **binding.options)
     except Exception as exc:  # the user's constructor: any failure is theirs to read
-        return f"{binding.field}.options: {type(exc).__name__}: {exc} (building {binding.name})"
+        return (f"{binding.field}.options: {type(exc).__name__}: {clip(str(exc))} "
+                f"(building {clip(binding.name, MAX_ECHO)})")
     missing = [m for m in MEMBERS[binding.role] if not _has(built, m)]
     close = getattr(built, "close", None)
     if binding.role == "store" and callable(close):
         close()
     if missing:
         wrapped = [n for n in _user_names(binding.name, binding.options) if n != binding.name]
-        what = binding.name + "".join(f" (around {name})" for name in wrapped)
+        what = clip(binding.name, MAX_ECHO) + "".join(f" (around {clip(name, MAX_ECHO)})"
+                                                      for name in wrapped)
         return (f"{binding.field}.component: {what} builds a {type(built).__name__} without "
                 f"{', '.join(missing)} (a {binding.role} needs {', '.join(MEMBERS[binding.role])})")
     return None
@@ -235,7 +208,7 @@ def check(bindings: list[Binding]) -> Checked:
             pass  # the child ended without answering
     if answer is None:
         ended = f"hung for {IMPORT_TIMEOUT:g} s" if timed_out else how(child.process.exitcode)
-        names = ", ".join(sorted({b.name for b in user}))
+        names = ", ".join(sorted({clip(b.name, MAX_ECHO) for b in user}))
         return Checked([*problems, f"{user[0].field}.component: the process importing {names} "
                                    f"{ended} before it could answer"])
     found, packages = answer

@@ -87,13 +87,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass, field
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import numpy as np
-import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from .units import Size, mib
+
+# numpy and pandas are imported where a frame is read: the scenario schema imports this module
+# for the registry alone, and rejecting a bad file must not wait for them.
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
 
 MAX_STEPS_LISTED = 20
 MAX_WARMUP = 2**31 - 1          # an int32, as every count of a scenario
@@ -144,12 +148,16 @@ def _previous_active(frame: pd.DataFrame) -> pd.Series:
 
 def transients(frame: pd.DataFrame) -> pd.Series:
     """Per step: peak beyond the larger of active before and after, less the step's own input."""
+    import numpy as np
+
     settled = np.maximum(_previous_active(frame), frame["active"])
     return frame["peak"] - settled - frame["work"]
 
 
 def spike_ratios(frame: pd.DataFrame) -> pd.Series:
     """Per step: peak over the larger of active before and after, both above the baseline."""
+    import numpy as np
+
     base = frame["active"].iloc[0]
     settled = np.maximum(_previous_active(frame), frame["active"]) - base
     return (frame["peak"] - base) / settled.clip(lower=1)
@@ -209,6 +217,8 @@ def cycles_around(rows: pd.DataFrame, frame: pd.DataFrame) -> pd.Series:
     """What cycle garbage may hold at each of `rows`: measured at idle points only, so a step
     takes the larger of the measurements at rest before and after it (garbage made during a
     request is still there at its end, unless the collector ran)."""
+    import numpy as np
+
     measured = frame["cyclic"].where(frame["phase"] == "idle")
     spread = np.maximum(measured.ffill().fillna(0), measured.bfill().fillna(0))
     return spread.loc[rows.index]
@@ -238,6 +248,8 @@ class Trend:
 
 def _fit(values: np.ndarray) -> tuple[float, float]:
     """Slope and r² of the least-squares line through `values` at 0, 1, 2..."""
+    import numpy as np
+
     x = np.arange(len(values), dtype=float)
     slope, intercept = np.polyfit(x, values, 1)
     total = ((values - values.mean()) ** 2).sum()
@@ -261,6 +273,8 @@ def held(values: np.ndarray, floor: float, hold: int) -> int:
     """How many flat deltas end the series when they make it held, else 0: each |Δ| < floor
     and together less than floor (a slow rise is not flat), at least `hold` of them and more
     than any flat run before them (a pause while it rose), after a rise of at least floor."""
+    import numpy as np
+
     deltas = np.diff(values)
     flat = np.abs(deltas) < floor
     if len(deltas) == 0 or not flat[-1]:
@@ -275,6 +289,8 @@ def held(values: np.ndarray, floor: float, hold: int) -> int:
 def onset(values: np.ndarray, floor: float) -> int:
     """Where a rise begins: the last point of the flat start (values within `floor` of the
     first), so a rate is fitted where the growth is, not over a fill or a warm-up before it."""
+    import numpy as np
+
     away = np.flatnonzero(np.abs(values - values[0]) >= floor)
     return max(int(away[0]) - 1, 0) if len(away) else 0
 
@@ -283,6 +299,8 @@ def rising(values: pd.Series, min_rate: float, r2: float, hold: int = 3) -> Tren
     """The trend test: not held (`held`); from its onset, at least 3 values; the rate is the
     median delta when every delta is positive, else the fitted slope; rising when rate ≥
     min_rate and either every delta is positive or the fit's r² ≥ r2."""
+    import numpy as np
+
     if len(values) < 3:
         return None
     whole = values.to_numpy(dtype=float)
@@ -309,6 +327,8 @@ def in_step(frame: pd.DataFrame) -> bool:
     where they did not. Waste proportional to what is held comes with what is stored; a leak
     rises while the store's own count stands still.
     """
+    import numpy as np
+
     points = quiescent(frame)
     rise = np.diff(unexplained(points, frame).to_numpy(dtype=float)).clip(min=0)
     grew = np.diff(points["logical"].to_numpy(dtype=float)) > 0
@@ -430,6 +450,8 @@ def retained(frame: pd.DataFrame, t: RetainedThresholds, backend: str) -> Findin
     rest is reported (a store with no byte accounting), there is no report to hold the
     allocator to: the shape of that memory is leak's and plateau's to judge.
     """
+    import numpy as np
+
     resting = quiescent(frame)
     kept = resting["active"] - frame["active"].iloc[0] - resting["cyclic"]
     if (kept > t.min_bytes).any() and not (resting["logical"] > 0).any():

@@ -18,6 +18,10 @@ from the config: one token is run through the model lazily on fresh caches from 
 `make_cache`, and each cache's shapes are read without evaluating anything (MLX knows shapes
 and dtypes of unevaluated arrays). KV caches give the layer's KV heads, head dim and dtype,
 `RotatingKVCache` its window, `ArraysCache` (recurrent layers) its state bytes.
+
+mlx-lm (and through it transformers) is imported where a model is built or its caches read,
+never at import: the scenario schema reads the presets here, and rejecting a bad file must not
+wait seconds for mlx-lm.
 """
 
 from __future__ import annotations
@@ -26,14 +30,16 @@ import copy
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
-import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
 from . import geometry as geo
+from .echo import clip
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
 
 
 def _qwen3(hidden: int, heads: int, intermediate: int, tied: bool, layers: int, kv_heads: int,
@@ -122,8 +128,8 @@ def build(choice: ModelChoice) -> nn.Module:
 
         try:
             model, _config = load_model(Path(choice.path), lazy=True)
-        except (OSError, ValueError, KeyError) as exc:
-            raise ModelError(f"cannot load a model from {choice.path}: {exc}") from None
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            raise ModelError(_load_failure(Path(choice.path), exc)) from None
     else:
         from mlx_lm.utils import _get_classes
 
@@ -133,8 +139,25 @@ def build(choice: ModelChoice) -> nn.Module:
         model = model_class(args_class.from_dict(config))
         model.set_dtype(geo.DTYPES[choice.dtype])
     if choice.bits is not None:
+        import mlx.nn as nn
+
         nn.quantize(model, group_size=choice.group_size, bits=choice.bits)
     return model
+
+
+def _load_failure(folder: Path, exc: Exception) -> str:
+    """Why a model folder did not load, naming the weight file MLX refuses if one is: MLX's own
+    message for a truncated download ("invalid data offsets") names no file."""
+    for file in sorted(folder.glob("model*.safetensors")):  # what mlx-lm's load_model reads
+        try:
+            mx.load(str(file))
+        except (OSError, ValueError, RuntimeError) as bad:
+            return f"{file}: not a valid safetensors file ({clip(_first_line(bad))})"
+    return f"cannot load a model from {folder}: {clip(_first_line(exc))}"
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def weights_bytes(model: nn.Module) -> int:
@@ -145,6 +168,8 @@ def weights_bytes(model: nn.Module) -> int:
 
 def make_caches(model: nn.Module) -> list[Any]:
     """The model's own caches (`make_cache`, or one KVCache per layer without one)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
     return make_prompt_cache(model)
 
 
@@ -157,6 +182,8 @@ def geometry(model: nn.Module, name: str) -> geo.Geometry:
 
 
 def _layer(index: int, cache: Any) -> geo.LayerSpec:
+    from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+
     if isinstance(cache, ArraysCache):
         arrays: list[Any] = [a for a in cache.cache if a is not None]
         state = sum(a.nbytes for a in arrays)

@@ -2,6 +2,10 @@
 
 Every file is written to a temporary name beside its target and renamed into place, so a
 crash or a bad later input never leaves half a report, nor destroys one already written.
+
+pandas and matplotlib are imported where a report is drawn: `reserve` and `ReportError` serve
+every command, which must start (and refuse bad input) without them. Figures are drawn on
+matplotlib's Agg canvas directly, never through pyplot's global state.
 """
 
 from __future__ import annotations
@@ -13,18 +17,16 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-import pandas as pd
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING
 
 from .detect import DETECTORS, Finding, Marker
 from .files import UMASK, atomic_write
 from .summary import Summary
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 LOCK_NAME = ".kvmem.lock"
 SERIES_POINTS = 64
@@ -35,6 +37,8 @@ UNKNOWN_MARKER = Marker("x", "red")
 
 def series(frame: pd.DataFrame, points: int = SERIES_POINTS) -> list[int]:
     """Active bytes above the baseline, reduced to `points` bins (the max of each)."""
+    import pandas as pd
+
     if frame.empty:
         return []
     active = frame["active"] - frame["active"].iloc[0]
@@ -54,7 +58,7 @@ def plot_variant(frame: pd.DataFrame, findings: list[Finding], title: str, path:
     mib = 2**20
     base = frame["active"].iloc[0]
     thin = _thin(frame)
-    fig, ax = plt.subplots(figsize=(11, 5.5))
+    fig, ax = _figure()
     ax.fill_between(thin["step"], (thin["active"] - base) / mib, (thin["peak"] - base) / mib,
                     color="tab:blue", alpha=0.2, step="post", label="step peak")
     ax.step(thin["step"], (thin["active"] - base) / mib, where="post", color="tab:blue",
@@ -79,7 +83,7 @@ def plot_variant(frame: pd.DataFrame, findings: list[Finding], title: str, path:
 def plot_overlay(frames: dict[str, pd.DataFrame], title: str, path: Path) -> None:
     """Every variant's active memory (and peak band) on one axis; frames must have samples."""
     mib = 2**20
-    fig, ax = plt.subplots(figsize=(11, 5.5))
+    fig, ax = _figure()
     for name, frame in frames.items():
         base = frame["active"].iloc[0]
         thin = _thin(frame)
@@ -90,8 +94,18 @@ def plot_overlay(frames: dict[str, pd.DataFrame], title: str, path: Path) -> Non
     _save(fig, ax, "step", "MiB above baseline (band: step peak)", title, path)
 
 
+def _figure() -> tuple[Figure, Axes]:
+    """A report-sized figure on an Agg canvas, with one axis."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 5.5))
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots()
+
+
 def _save(fig: Figure, ax: Axes, xlabel: str, ylabel: str, title: str, path: Path) -> None:
-    """Label, legend and write a figure atomically, then free it."""
+    """Label, legend and write a figure atomically."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -99,7 +113,6 @@ def _save(fig: Figure, ax: Axes, xlabel: str, ylabel: str, title: str, path: Pat
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-    plt.close(fig)
 
 
 class ReportError(OSError):
@@ -111,29 +124,36 @@ def reserve(out: Path) -> Iterator[None]:
     """Hold `out` for one run: it must be (or become) a writable folder that no other run holds.
 
     Checked before anything runs, so a bad `--out` never costs a suite's worth of work. The lock
-    is an advisory `flock` on `out/.kvmem.lock`, released when the run ends or its process dies.
+    is an advisory `flock` on `out/.kvmem.lock`, released when the run ends or its process dies;
+    the file names the holder's pid. Every step, the pid's write included, is a ReportError
+    when it fails (a full disk), never an OSError from the middle of a command.
     """
+    def refused(exc: OSError) -> ReportError:
+        return ReportError(f"{out}: cannot write reports there: {exc.strerror or exc}")
+
     try:
         out.mkdir(parents=True, exist_ok=True)
-        handle = open(out / LOCK_NAME, "a+")  # noqa: SIM115 - held by the `with` below
+        lock = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o666)
     except OSError as exc:
-        raise ReportError(f"{out}: cannot write reports there: {exc.strerror or exc}") from None
-    with handle:
+        raise refused(exc) from None
+    try:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
+            holder = os.pread(lock, 100, 0).decode(errors="replace").strip() or "another process"
             raise ReportError(f"{out}: another kvmem run ({holder}) is writing reports there; "
                               "wait for it or choose another --out") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}\n")
-        handle.flush()
+        try:
+            os.ftruncate(lock, 0)
+            os.write(lock, f"pid {os.getpid()}\n".encode())
+        except OSError as exc:
+            raise refused(exc) from None
         try:
             yield
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    finally:
+        os.close(lock)
 
 
 def write_variant(out: Path, frame: pd.DataFrame, summary: Summary,

@@ -229,7 +229,6 @@ def _typed(path: Path, data: dict) -> Summary:
     for name in ("scenario", "variant", "status"):
         if not isinstance(data.get(name), str):
             raise _Invalid(f"missing or non-string '{name}'")
-    environment = _environment(data.get("environment"))
     error = _optional(data, "error", str, "text")
     recorded = _optional(data, "passed", bool, "true or false")
     findings = tuple(FindingRecord(item["kind"], item["message"], _count(item.get("count")),
@@ -248,6 +247,7 @@ def _typed(path: Path, data: dict) -> Summary:
     compare = data.get("compare") or {}
     if not isinstance(compare, dict):
         raise _Invalid(f"compare: expected an object of metric tolerances, got {_brief(compare)}")
+    environment = _environment(data.get("environment"))
     series = (data.get("series") or {}).get("active") if isinstance(data.get("series"), dict) else None
     stats = data.get("store_stats")
     return Summary(
@@ -272,14 +272,21 @@ def _count(value: object) -> int | None:
 
 
 def _environment(block: object) -> Environment:
-    if block is not None and not isinstance(block, dict):
+    """The `environment` block: required, as the backend decides what a summary is compared
+    with (a head whose summaries lost it once compared nothing and passed the gate)."""
+    if block is None:
+        raise _Invalid("no 'environment' object (expected the run's backend and versions)")
+    if not isinstance(block, dict):
         raise _Invalid("'environment' is not an object")
-    block = block or {}
-    for name in ("backend", "mlx", "mlx_lm"):
+    backend = block.get("backend")
+    if not isinstance(backend, str) or not backend:
+        raise _Invalid(f"environment.backend: expected the backend's name (cpu, metal or "
+                       f"cuda), got {_brief(backend)}")
+    for name in ("mlx", "mlx_lm"):
         if not isinstance(block.get(name, "?"), str):
             raise _Invalid(f"'environment.{name}' is not a string")
     revision = block.get("git_revision")
-    return Environment(block.get("backend", "?"), block.get("mlx", "?"), block.get("mlx_lm", "?"),
+    return Environment(backend, block.get("mlx", "?"), block.get("mlx_lm", "?"),
                        revision if isinstance(revision, str) else None)
 
 

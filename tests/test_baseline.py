@@ -197,7 +197,7 @@ def test_update_runs_option(reports, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli(["baseline", "update", "--runs", "0"], capsys)
     assert exit_info.value.code == 2
-    assert "--runs: expected a whole number of runs >= 1, got '0'" in capsys.readouterr().err
+    assert "--runs: expected a whole number of runs from 1 to 1000, got '0'" in capsys.readouterr().err
 
 
 # Accepting an intended change: update rewrites only what changed, and the gate then passes.

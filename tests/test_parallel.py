@@ -192,21 +192,32 @@ def test_shards_are_deterministic_balanced_and_cover_every_variant_once():
     assert labels(shard(variants, 8, 8)) == []
 
 
-@pytest.mark.parametrize("text", ["0/2", "3/2", "a/b", "1/0", "2", "1/2/3", "+1/2", "1.5/2"])
+@pytest.mark.parametrize("text", ["0/2", "3/2", "a/b", "1/0", "2", "1/2/3", "+1/2", "1.5/2",
+                                  "1/1001", "2/10000000", "1/99999999999999999999"])
 def test_a_bad_shard_is_bad_input(capsys, text):
     with pytest.raises(SystemExit) as exit_info:
         main(["run", "scenarios", "--shard", text])  # refused before anything is read
     assert exit_info.value.code == 2
-    assert (f"--shard: expected I/N with whole numbers 1 <= I <= N, got '{text}'"
+    assert (f"--shard: expected I/N with whole numbers 1 <= I <= N <= 1000, got '{text}'"
             in capsys.readouterr().err)
 
 
-@pytest.mark.parametrize("text", ["0", "x", "1.5"])
+def test_a_shard_of_many_digits_is_refused_on_one_clipped_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "scenarios", "--shard", "1/" + "9" * 100_000])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert f"got '1/{'9' * 38}...'" in error and len(error) < 1000
+
+
+@pytest.mark.parametrize("text", ["0", "x", "1.5", "1025", "9" * 5000])
 def test_a_bad_jobs_count_is_bad_input(capsys, text):
     with pytest.raises(SystemExit) as exit_info:
         main(["run", "scenarios", "--jobs", text])
     assert exit_info.value.code == 2
-    assert f"--jobs: expected a whole number of jobs >= 1, got '{text}'" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert "--jobs: expected a whole number of jobs from 1 to 1024, got '" in error
+    assert len(error) < 1000
 
 
 def test_shards_merged_give_the_unsharded_verdicts(suite, capsys):

@@ -20,12 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..echo import echo
 from ..files import atomic_text
 from ..metrics import NOISY
 from ..names import flaw
 from ..summary import Summary, SummaryError, checked, load_summaries, read_summary
 from ..units import format_bytes
-from .compare import COMPARED, CompareError, compare, policy_changes, tolerances
+from .compare import COMPARED, CompareError, compare, index_summaries, policy_changes, tolerances
 from .render import format_value
 
 
@@ -42,7 +43,7 @@ def baseline_path(root: Path, summary: Summary) -> Path:
     for part, value in parts.items():
         reason = unsafe_name(value)
         if reason:
-            raise CompareError(f"{summary.path}: {part} {value!r} {reason}: it must be one "
+            raise CompareError(f"{summary.path}: {part} {echo(value)} {reason}: it must be one "
                                "plain name to place a baseline")
     backend, scenario, variant = parts.values()
     return root / backend / scenario / f"{variant}.json"
@@ -114,8 +115,10 @@ def store(summaries: list[Summary], root: Path, allow_failed: bool = False) -> U
     """Record the summaries of completed runs as baselines, rewriting only what changed.
 
     Every summary is checked, and every old baseline compared, before the first is written, so
-    bad input records nothing.
+    bad input records nothing: two summaries of one variant are refused as `compare` refuses
+    them (which one to record cannot be guessed).
     """
+    index_summaries(summaries)
     result, planned = Update(), []
     for summary in summaries:
         why = refusal(summary, allow_failed)

@@ -52,6 +52,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from ..echo import clip, echo
 from ..metrics import METRICS, gated
 from ..summary import Noise, Summary
 from ..units import parse_size
@@ -131,7 +132,7 @@ def size(value: int | str) -> int:
     try:
         return parse_size(value)
     except (ValueError, OverflowError, TypeError) as exc:
-        raise CompareError(f"{value!r}: {exc}") from None
+        raise CompareError(f"{echo(value)}: {clip(str(exc))}") from None
 
 
 @dataclass(frozen=True)
@@ -404,5 +405,5 @@ def fraction(value: str | float) -> float:
     except (TypeError, ValueError):
         fraction = -1.0
     if not (math.isfinite(fraction) and fraction >= 0):
-        raise CompareError(f"not a fraction: {value!r} (expected e.g. 0.05)")
+        raise CompareError(f"not a fraction: {echo(value)} (expected e.g. 0.05)")
     return fraction

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..echo import echo
 from ..files import atomic_write
 from ..metrics import METRICS, RATIO, gated
 from ..summary import Summary, load_summaries
@@ -143,7 +144,7 @@ def write_history(runs: Sequence[Run], out: Path, metrics: Sequence[str]) -> lis
     for name in names:
         reason = unsafe_name(name)
         if reason:
-            raise CompareError(f"scenario {name!r} {reason}: it must be one plain name to "
+            raise CompareError(f"scenario {echo(name)} {reason}: it must be one plain name to "
                                "name its plot")
     written = []
     for name in names:

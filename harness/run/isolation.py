@@ -32,12 +32,12 @@ import psutil
 from ..child import CONTEXT, Child, how
 from ..components import resolve
 from ..scenario import ComponentSpec, ScenarioSpec, Variant
+from .defaults import DEFAULT_TIMEOUT
 from .engines import create
 from .probe import ROW, Probe
 from .synthetic import SyntheticKV
 
 RUNTIME_SLACK = 256 * 2**20  # interpreter, MLX and the sample rows
-DEFAULT_TIMEOUT = 1800.0  # seconds; a scenario or `--timeout` says otherwise
 
 
 @dataclass

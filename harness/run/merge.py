@@ -4,6 +4,9 @@ Each variant folder (scenario/variant/ with samples.csv, summary.json, memory.pn
 it is, so the merged reports are the shards' own bytes; only each scenario's overlay plot is
 drawn again, from the merged samples, since each shard drew it from its own variants alone.
 A variant found in two inputs is bad input: which copy is right cannot be guessed.
+
+Every input is read and checked (each summary, each samples.csv as UTF-8 with the columns the
+overlay draws) before anything is written, so bad input leaves `--out` as it was.
 """
 
 from __future__ import annotations
@@ -13,12 +16,16 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+import pandas as pd
 import yaml
 from rich.console import Console
 
 from .. import report
+from ..echo import clip
 from ..summary import Summary, SummaryError, load_summaries
-from .suite import overlays, samples
+from .suite import overlays
+
+PLOTTED = ("step", "active", "peak")  # the columns an overlay draws
 
 
 def collect(inputs: Sequence[Path], out: Path) -> list[Summary]:
@@ -78,13 +85,37 @@ def merge(inputs: Sequence[Path], out: Path, console: Console) -> list[Summary]:
     """Copy every input's variant folders into `out` (reserved as `run` reserves it), one
     folder at a time into place, then redraw the overlays; the merged summaries, in order."""
     summaries = collect(inputs, out)
+    frames = [_samples(s.path.parent / "samples.csv") for s in summaries]
     with report.reserve(out):
         for summary in summaries:
             _copy(summary.path.parent, out.joinpath(*summary.key))
-        frames = ((s.key[0], s.key[1], samples(out.joinpath(*s.key))) for s in summaries)
-        overlays(((scenario, variant, frame) for scenario, variant, frame in frames
+        overlays(((s.key[0], s.key[1], frame) for s, frame in zip(summaries, frames, strict=True)
                   if not frame.empty), out, console)
     return summaries
+
+
+def _samples(path: Path) -> pd.DataFrame:
+    """A variant's samples, checked before anything is written: UTF-8 CSV whose plotted
+    columns hold numbers; empty where the run left none (a refused or failed variant)."""
+    try:
+        frame = pd.read_csv(path, encoding="utf-8")
+    except (FileNotFoundError, pd.errors.EmptyDataError):
+        return pd.DataFrame()
+    except UnicodeDecodeError:
+        raise SummaryError(f"{path}: not valid samples (not UTF-8 text)") from None
+    except (OSError, ValueError) as exc:  # pandas' ParserError is a ValueError
+        reason = clip(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        raise SummaryError(f"{path}: not valid samples ({reason})") from None
+    if frame.empty:
+        return frame
+    missing = [name for name in PLOTTED if name not in frame.columns]
+    if missing:
+        raise SummaryError(f"{path}: not valid samples (lacks {', '.join(missing)}; expected "
+                           f"the columns {', '.join(PLOTTED)})")
+    for name in PLOTTED:
+        if not pd.api.types.is_numeric_dtype(frame[name]):
+            raise SummaryError(f"{path}: not valid samples ({name}: expected numbers)")
+    return frame
 
 
 def _copy(source: Path, target: Path) -> None:

@@ -26,9 +26,6 @@ from ..scenario import Variant
 from ..summary import Summary
 from .suite import run_variants, samples, write
 
-DEFAULT_RUNS = 5
-DEFAULT_OUT = "reports-noise"  # beside `kvmem run`'s reports, so a walk of one never finds both
-
 
 def run_repeated(variants: list[Variant], runs: int, out: Path,
                  console: Console | None = None, jobs: int = 1) -> list[Summary]:

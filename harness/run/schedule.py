@@ -18,7 +18,6 @@ broken by scenario and variant name, so the same inputs always give the same spl
 
 from __future__ import annotations
 
-import argparse
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -128,14 +127,6 @@ def in_parallel(count: int, jobs: int, run: Callable[[int, threading.Event], T],
             stop.set()
             on_stop()
         pool.shutdown(wait=True, cancel_futures=True)
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    """`i/n` with whole numbers 1 <= i <= n, as an argparse type."""
-    index, sep, count = text.partition("/")
-    if sep and index.isdecimal() and count.isdecimal() and 1 <= int(index) <= int(count):
-        return int(index), int(count)
-    raise argparse.ArgumentTypeError(f"expected I/N with whole numbers 1 <= I <= N, got {text!r}")
 
 
 def shards(variants: list[Variant], count: int) -> list[list[int]]:

@@ -1,7 +1,7 @@
 """Scenario files: the schema (`schema`), reading and merging them (`load`), and the check of
 the components they name before any run (`checks`)."""
 
-from .load import ScenarioError, Variant, discover, load_variants
+from .load import ScenarioError, Variant, check_unique, discover, load_variants
 from .schema import (
     ChatSpec,
     ComponentSpec,
@@ -13,4 +13,5 @@ from .schema import (
 )
 
 __all__ = ["ChatSpec", "ComponentSpec", "DetectSpec", "ExpectSpec", "ScenarioError",
-           "ScenarioSpec", "SpikeBound", "Variant", "WorkloadSpec", "discover", "load_variants"]
+           "ScenarioSpec", "SpikeBound", "Variant", "WorkloadSpec", "check_unique", "discover",
+           "load_variants"]

@@ -17,6 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from .. import models
+from ..echo import MAX_ECHO, clip, echo
 from . import checks
 from .schema import ScenarioSpec, check_name
 
@@ -65,7 +66,7 @@ _UNION_TAGS = ("scalar", "mapping", "list")
 def _field_path(loc: tuple) -> str:
     # pydantic adds the union member's tag to the location, and `[key]` when a mapping's key
     # (not its value) is wrong; the user never wrote either.
-    parts = [str(p) for p in loc if p not in _UNION_TAGS and p != "[key]"]
+    parts = [clip(str(p), MAX_ECHO) for p in loc if p not in _UNION_TAGS and p != "[key]"]
     return ".".join(parts) or "(top level)"
 
 
@@ -123,7 +124,7 @@ class _Loader(yaml.SafeLoader):
             tag = str(node.tag).replace("tag:yaml.org,2002:", "!!")
             value = node.value if isinstance(node, yaml.ScalarNode) else node.id
             raise yaml.constructor.ConstructorError(
-                None, None, f"{_clip(value)!r} is not a valid {tag} value",
+                None, None, f"{echo(value)} is not a valid {tag} value",
                 node.start_mark) from None
 
     def construct_mapping(self, node: Any, deep: bool = False) -> Any:
@@ -139,16 +140,10 @@ class _Loader(yaml.SafeLoader):
                     continue  # an unhashable key: the base class says so
                 if duplicate:
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {_clip(key)!r} (given twice in one mapping)",
+                        None, None, f"duplicate key {echo(key)} (given twice in one mapping)",
                         key_node.start_mark)
                 seen.add(key)
         return super().construct_mapping(node, deep)
-
-
-def _clip(value: Any, limit: int = 40) -> Any:
-    if isinstance(value, str) and len(value) > limit:
-        return value[:limit] + "..."
-    return value
 
 
 def _printable(text: str) -> str:
@@ -227,11 +222,11 @@ def _load(path: Path, variants: list[str] | None) -> list[Variant]:
         try:
             check_name(name)
         except ValueError as exc:
-            raise ScenarioError(f"{path}: variants.{name!r}: {exc}") from None
+            raise ScenarioError(f"{path}: variants.{echo(name)}: {exc}") from None
         if not isinstance(override, (dict, type(None))):
             raise ScenarioError(f"{path}: variants.{name}: expected a mapping of overrides, "
                                 f"got {type(override).__name__}")
-    unknown = sorted(set(variants or []) - set(overrides))
+    unknown = [clip(name, MAX_ECHO) for name in sorted(set(variants or []) - set(overrides))]
     if unknown:
         raise ScenarioError(f"{path}: variants: no variant {', '.join(unknown)} "
                             f"(expected one of {', '.join(overrides)})")
@@ -255,6 +250,23 @@ def _load(path: Path, variants: list[str] | None) -> list[Variant]:
     if checked.problems:
         raise ScenarioError(f"{path}: {checked.problems[0]}")
     return [dataclasses.replace(v, packages=checked.packages) for v in scenarios]
+
+
+def check_unique(variants: Sequence[Variant]) -> None:
+    """Refuse two variants of one scenario and variant name: both would write one report folder
+    (<out>/<scenario>/<variant>/), the second replacing the first, so this is bad input before
+    anything runs. A file given twice, or two files with one `name:`, are the usual causes."""
+    seen: dict[tuple[str, str], Variant] = {}
+    for variant in variants:
+        first = seen.setdefault((variant.scenario, variant.name), variant)
+        if first is variant:
+            continue
+        if first.path.resolve() == variant.path.resolve():
+            raise ScenarioError(f"{variant.path}: given twice (among the paths, or in a folder "
+                                "given too); each scenario file runs once")
+        raise ScenarioError(f"{variant.path}: name: {variant.scenario!r} is also the name of "
+                            f"{first.path}; each scenario needs its own name (its reports go "
+                            f"under <out>/{variant.scenario}/)")
 
 
 def discover(paths: Sequence[str | Path]) -> list[Path]:

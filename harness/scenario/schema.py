@@ -27,6 +27,7 @@ from pydantic import (
 from .. import geometry as geo
 from .. import models
 from ..detect import DETECTORS, Detector, Presence
+from ..echo import echo
 from ..metrics import gated
 from ..names import MAX_NAME, Flaw, flaw
 from ..run.engines import ENGINES
@@ -118,7 +119,7 @@ def _known_preset(name: str | None) -> str | None:
     """A geometry preset (synthetic engine) or an mlx-lm config preset (mlx_lm engine); which
     engine may use which is checked with the engine (ScenarioSpec._check_engine)."""
     if name is not None and name not in geo.PRESETS and name not in models.PRESETS:
-        raise ValueError(f"unknown preset {name!r}: expected one of "
+        raise ValueError(f"unknown preset {echo(name)}: expected one of "
                          + ", ".join(dict.fromkeys([*geo.PRESETS, *models.PRESETS])))
     return name
 
@@ -166,8 +167,13 @@ class ModelSpec(_Strict):
             if self.layers is not None or self.vocab is not None or self.window is not None:
                 raise ValueError("with a path, the folder's config.json gives the layers, vocab "
                                  "and window")
-            if not (Path(self.path) / "config.json").is_file():
-                raise ValueError(f"path: no config.json in {self.path!r} (expected a local "
+            try:
+                found = (Path(self.path) / "config.json").is_file()
+            except (OSError, ValueError) as exc:  # a name too long, a NUL
+                raise ValueError(f"path: cannot read {echo(self.path)}: "
+                                 f"{getattr(exc, 'strerror', None) or exc}") from None
+            if not found:
+                raise ValueError(f"path: no config.json in {echo(self.path)} (expected a local "
                                  "model folder)")
         elif self.preset is None:
             if not isinstance(self.layers, list) or not self.layers:
