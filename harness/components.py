@@ -170,6 +170,9 @@ class Checked:
 
 
 def _build_in_child(bindings: list[Binding], pipe: Any) -> None:
+    import mlx.core  # noqa: F401 - kvmem's own runtime, loaded by every run: not the user's
+    import mlx_lm.models.cache  # noqa: F401
+
     before = set(sys.modules)
     problems = [_build(b) for b in bindings]
     pipe.send((problems, loaded_packages(set(sys.modules) - before)))
