@@ -1,13 +1,13 @@
-"""Before any run: every component a scenario file names resolves and takes its options.
+"""Before any run: what each component a scenario file names is built from and where.
 
-User code is imported once per file, in a child process (`harness.components.check`), so a
-component that exits, crashes or hangs at import is bad input rather than the end of kvmem.
+`harness.components.check` then resolves and builds them (user code once per file, in a child
+process), so a component that exits, crashes or hangs at import is bad input rather than the
+end of kvmem.
 """
 
 from __future__ import annotations
 
-from ..components import Binding, Checked
-from ..components import check as check_components
+from ..components import Binding
 from .schema import ScenarioSpec
 
 
@@ -22,7 +22,3 @@ def bindings(spec: ScenarioSpec, where: str) -> list[Binding]:
             for role, first_arg in roles.items()
             if (component := getattr(spec.cache, role)) is not None]
 
-
-def check(bound: list[Binding]) -> Checked:
-    """Every component built as written (user code in a child), and the packages it loaded."""
-    return check_components(bound)

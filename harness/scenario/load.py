@@ -17,6 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from .. import models
+from ..components import check as check_components
 from ..echo import MAX_ECHO, clip, echo
 from . import checks
 from .schema import ScenarioSpec, check_name
@@ -246,7 +247,7 @@ def _load(path: Path, variants: list[str] | None) -> list[Variant]:
             raise ScenarioError(f"{path}: {where}model: {exc}") from None
     # Every component of every variant resolved and built, so a typo fails before any run;
     # user code is imported once per file, in a child (see components.check).
-    checked = checks.check(bindings)
+    checked = check_components(bindings)
     if checked.problems:
         raise ScenarioError(f"{path}: {checked.problems[0]}")
     return [dataclasses.replace(v, packages=checked.packages) for v in scenarios]
