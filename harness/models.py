@@ -82,6 +82,20 @@ PRESETS: dict[str, dict] = {
         "linear_conv_kernel_dim": 4, "full_attention_interval": 4, "tie_word_embeddings": True,
         "rms_norm_eps": 1e-6, "max_position_embeddings": 262144,
     },
+    # Serve mode's dense model (`harness.model_folder` writes it as a folder `mlx_lm.server`
+    # loads): 4 layers of 8 KV heads of 128, 16 KiB of KV a token in bfloat16, so one prompt-cache
+    # entry of 300 tokens is ~5 MiB; hidden 64 and vocabulary 1024 keep the rest cheap on CPU.
+    "qwen3-tiny": _qwen3(64, 8, 192, tied=True, layers=4, kv_heads=8, vocab=1024),
+    # qwen3.5-0.8b's hybrid at serve mode's scale: three GatedDeltaNet layers (four heads of
+    # 128, a 256 KiB float32 state each) then one full-attention layer of 8 KV heads of 128.
+    "qwen3.5-tiny": {
+        "model_type": "qwen3_5", "hidden_size": 64, "num_hidden_layers": 4,
+        "intermediate_size": 192, "num_attention_heads": 8, "num_key_value_heads": 8,
+        "head_dim": 128, "vocab_size": 1024, "linear_num_value_heads": 4,
+        "linear_num_key_heads": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4, "full_attention_interval": 4, "tie_word_embeddings": True,
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 40960,
+    },
 }
 
 
