@@ -155,7 +155,11 @@ def build(choice: ModelChoice) -> nn.Module:
     if choice.bits is not None:
         import mlx.nn as nn
 
-        nn.quantize(model, group_size=choice.group_size, bits=choice.bits)
+        try:
+            nn.quantize(model, group_size=choice.group_size, bits=choice.bits)
+        except ValueError as exc:  # a layer's input width is not a multiple of the group size
+            raise ModelError(f"model {choice.name}: cannot quantize with group_size "
+                             f"{choice.group_size}: {clip(_first_line(exc))}") from None
     return model
 
 
