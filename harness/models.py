@@ -85,6 +85,8 @@ PRESETS: dict[str, dict] = {
     # Serve mode's dense model (`harness.model_folder` writes it as a folder `mlx_lm.server`
     # loads): 4 layers of 8 KV heads of 128, 16 KiB of KV a token in bfloat16, so one prompt-cache
     # entry of 300 tokens is ~5 MiB; hidden 64 and vocabulary 1024 keep the rest cheap on CPU.
+    # Attention is the cost: a 300-token chat request takes ~1 s on two cores (`layers: 2`:
+    # ~0.4 s), since MLX's Linux wheel multiplies matrices with reference BLAS.
     "qwen3-tiny": _qwen3(64, 8, 192, tied=True, layers=4, kv_heads=8, vocab=1024),
     # qwen3.5-0.8b's hybrid at serve mode's scale: three GatedDeltaNet layers (four heads of
     # 128, a 256 KiB float32 state each) then one full-attention layer of 8 KV heads of 128.
