@@ -51,9 +51,10 @@ plateau (min_bytes 1 MiB, flat 64 KiB, hold 3; checked only when stated)
     level, not leaking.
 retained (min_bytes 1 MiB, ratio 0.25, warmup 1, min_rate 64 KiB, r2 0.9, hold 3; expected none)
     excess_i = a_i − b − l_i − c_i, where a step's c_i is the larger of the measurements at
-    rest before and after it. Nothing when memory is kept at rest (a − b − c > min_bytes at
-    a quiescent point) but l is 0 at every one: a component with no byte accounting, with
-    nothing to hold the allocator to. When T(u) with floor min_rate
+    rest before and after it, over every step but a server's in flight (its requests' working
+    memory is reported by nothing: there l is what it stores). Nothing when memory is kept
+    at rest (a − b − c > min_bytes at a quiescent point) but l is 0 at every one: a component
+    with no byte accounting, with nothing to hold the allocator to. When T(u) with floor min_rate
     rises and u is not in step (S), nothing: that excess is leak's (give both the same
     warm-up). Otherwise flagged where
     excess_i > max(min_bytes, ratio × l_i) at any step, reported at the largest; else where
@@ -198,6 +199,12 @@ def growth(frame: pd.DataFrame, t: GrowthThresholds, backend: str) -> Finding | 
     return from_hits("growth", hits, excess, lambda at: (
         f"{len(hits)} step(s) grew active memory beyond their tokens; largest "
         f"+{mib(excess[at])} MiB at step {frame['step'][at]} ({frame['phase'][at]})"))
+
+
+# A server's rows while requests are in flight (harness.run.server_engine): its logical bytes
+# are what it stores (its prompt cache), not its requests' working memory, which nothing there
+# reports; such rows are judged at rest only.
+IN_FLIGHT = ("request", "serve")
 
 
 def quiescent(frame: pd.DataFrame) -> pd.DataFrame:
@@ -462,7 +469,8 @@ def retained(frame: pd.DataFrame, t: RetainedThresholds, backend: str) -> Findin
     if trend is not None and not in_step(frame):
         return None
     excess = unexplained(frame, frame)
-    hits = frame[excess > np.maximum(t.min_bytes, t.ratio * frame["logical"])]
+    judged = ~frame["phase"].isin(IN_FLIGHT)
+    hits = frame[judged & (excess > np.maximum(t.min_bytes, t.ratio * frame["logical"]))]
     found = from_hits("retained", hits, excess, lambda at: (
         f"allocator holds {mib(excess[at])} MiB beyond the {mib(frame['logical'][at])} MiB the "
         f"components report, at step {frame['step'][at]} ({frame['phase'][at]})"))

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .detect import DETECTORS, Finding, Marker
+from .detect import DETECTORS, IN_FLIGHT, Finding, Marker
 from .files import UMASK, atomic_write
 from .summary import Summary
 
@@ -54,44 +54,65 @@ def _thin(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.groupby(bins.values).max(numeric_only=True)
 
 
+def _axis(frame: pd.DataFrame) -> tuple[str, str]:
+    """The x column and its label: a server's run is drawn against time, others by step."""
+    if "time" in frame and frame["phase"].isin(IN_FLIGHT).any():
+        return "time", "seconds since the baseline (ticks: requests sent)"
+    return "step", "step (prefill chunk, decode token, fetch, store)"
+
+
+def _request_ticks(ax: Axes, frame: pd.DataFrame, x: str) -> None:
+    """A short tick at the bottom of the axis where each request of a server's run began."""
+    if x != "time":
+        return
+    starts = frame[frame["phase"] == "request"].groupby("request")[x].min()
+    ax.vlines(starts, 0, 0.03, transform=ax.get_xaxis_transform(), colors="tab:gray",
+              linewidth=0.6, zorder=1)
+
+
 def plot_variant(frame: pd.DataFrame, findings: list[Finding], title: str, path: Path) -> None:
     mib = 2**20
     base = frame["active"].iloc[0]
     thin = _thin(frame)
+    x, xlabel = _axis(frame)
     fig, ax = _figure()
-    ax.fill_between(thin["step"], (thin["active"] - base) / mib, (thin["peak"] - base) / mib,
+    ax.fill_between(thin[x], (thin["active"] - base) / mib, (thin["peak"] - base) / mib,
                     color="tab:blue", alpha=0.2, step="post", label="step peak")
-    ax.step(thin["step"], (thin["active"] - base) / mib, where="post", color="tab:blue",
+    ax.step(thin[x], (thin["active"] - base) / mib, where="post", color="tab:blue",
             label="MLX active")
-    ax.step(thin["step"], thin["logical"] / mib, where="post", color="tab:green",
+    ax.step(thin[x], thin["logical"] / mib, where="post", color="tab:green",
             linestyle="--", label="logical (components' nbytes)")
-    ax.step(thin["step"], thin["minimum"] / mib, where="post", color="black", linestyle=":",
+    ax.step(thin[x], thin["minimum"] / mib, where="post", color="black", linestyle=":",
             label="analytic minimum")
-    ax.step(thin["step"], (thin["rss"] - frame["rss"].iloc[0]) / mib, where="post",
+    ax.step(thin[x], (thin["rss"] - frame["rss"].iloc[0]) / mib, where="post",
             color="tab:gray", alpha=0.7, label="process RSS")
+    _request_ticks(ax, frame, x)
     by_step = frame.set_index("step")
     for finding in findings:
         entry = DETECTORS.get(finding.kind)
         marker = entry.marker if entry else UNKNOWN_MARKER
         steps = [s for s in finding.steps if s in by_step.index]
-        ax.scatter(steps, (by_step.loc[steps, marker.level] - base) / mib, marker=marker.symbol,
+        ax.scatter(by_step.loc[steps, x] if x != "step" else steps,
+                   (by_step.loc[steps, marker.level] - base) / mib, marker=marker.symbol,
                    color=marker.color, zorder=5, label=f"{finding.kind} ({finding.count})")
-    _save(fig, ax, "step (prefill chunk, decode token, fetch, store)", "MiB above baseline",
-          title, path)
+    _save(fig, ax, xlabel, "MiB above baseline", title, path)
 
 
 def plot_overlay(frames: dict[str, pd.DataFrame], title: str, path: Path) -> None:
     """Every variant's active memory (and peak band) on one axis; frames must have samples."""
     mib = 2**20
     fig, ax = _figure()
+    xlabel = "step"
     for name, frame in frames.items():
         base = frame["active"].iloc[0]
         thin = _thin(frame)
-        line, = ax.step(thin["step"], (thin["active"] - base) / mib, where="post", label=name)
-        ax.fill_between(thin["step"], (thin["active"] - base) / mib,
+        x, xlabel = _axis(frame)
+        line, = ax.step(thin[x], (thin["active"] - base) / mib, where="post", label=name)
+        ax.fill_between(thin[x], (thin["active"] - base) / mib,
                         (thin["peak"] - base) / mib, color=line.get_color(), alpha=0.15,
                         step="post")
-    _save(fig, ax, "step", "MiB above baseline (band: step peak)", title, path)
+    _save(fig, ax, xlabel if xlabel == "step" else "seconds since the baseline",
+          "MiB above baseline (band: step peak)", title, path)
 
 
 def _figure() -> tuple[Figure, Axes]:

@@ -53,9 +53,12 @@ def request_plan(workload: WorkloadSpec, vocab: int, seed: int) -> list[tuple[np
 
 
 def planned_steps(spec: ScenarioSpec) -> int:
-    """Steps the workload takes with no prefix hit and no eviction: the progress bar's estimate."""
+    """Steps the workload takes with no prefix hit and no eviction: the progress bar's estimate
+    (requests, for a server)."""
     workload = spec.workload
     chunk = workload.prefill_chunk
+    if workload.http is not None:  # a server's progress counts requests
+        return workload.http.requests()
     if workload.chat is not None:
         chat = workload.chat
         return chat.turns * (math.ceil(chat.user / chunk) + chat.model + 1) + 1

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 ENGINES: dict[str, str] = {
     "synthetic": "harness.run.engine:Engine",  # seeded K/V fed to the caches
     "mlx_lm": "harness.run.model_engine:ModelEngine",  # a real mlx-lm model, random weights
+    "server": "harness.run.server_engine:ServerEngine",  # a real server under HTTP traffic
 }
 
 

@@ -32,12 +32,19 @@ import psutil
 from ..child import CONTEXT, Child, how
 from ..components import resolve
 from ..scenario import ComponentSpec, ScenarioSpec, Variant
+from ..scenario.server import Idle
 from .defaults import DEFAULT_TIMEOUT
 from .engines import create
 from .probe import ROW, Probe
 from .synthetic import SyntheticKV
+from .traffic import longest_context
 
 RUNTIME_SLACK = 256 * 2**20  # interpreter, MLX and the sample rows
+
+
+class RunFailure(RuntimeError):
+    """A failure whose message says all there is to say (a server that died, with its output):
+    reported without the traceback other errors in a variant's process get."""
 
 
 @dataclass
@@ -73,6 +80,8 @@ def estimate_bytes(spec: ScenarioSpec) -> int:
     may run: in the child.
     """
     geometry, workload = spec.geometry(), spec.workload
+    if workload.http is not None:
+        return _server_estimate(spec)
     context = _context_tokens(spec)
     layer_caches = {"full": spec.cache.layer, "sliding": spec.cache.sliding}
     caches = sum(max(2 * layer.minimum_bytes(context + 256),
@@ -83,6 +92,18 @@ def estimate_bytes(spec: ScenarioSpec) -> int:
     weights = spec.weights_bytes()
     activations = 2 * chunk if weights else 0
     return caches + 2 * chunk + activations + extra + weights + RUNTIME_SLACK
+
+
+def _server_estimate(spec: ScenarioSpec) -> int:
+    """A server's footprint: its weights, then its longest context's KV for every prompt-cache
+    entry mlx-lm keeps by default (10) and every client in flight, twice (a fetch copies an
+    entry), and a runtime for the server as for the variant's own process."""
+    http = spec.workload.http
+    assert http is not None
+    clients = max(phase.clients or http.clients for phase in http.phases
+                  if not isinstance(phase, Idle))
+    kv = spec.geometry().minimum_bytes(longest_context(http))
+    return spec.weights_bytes() + 2 * (10 + clients) * kv + 2 * RUNTIME_SLACK
 
 
 def _stated(component: ComponentSpec | None, *args: Any) -> int:
@@ -125,6 +146,8 @@ def _child(variant: Variant, last_step: Any, pipe: Connection) -> None:
             message["store_stats"] = engine.store_stats()
             message["model"] = engine.facts()
             message["completed"] = True
+    except RunFailure as exc:
+        message["error"] = str(exc)
     except BaseException as exc:  # SystemExit from a component is a failed run too
         message["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-3)}"
     finally:

@@ -32,6 +32,7 @@ from ..metrics import gated
 from ..names import MAX_NAME, Flaw, flaw
 from ..run.engines import ENGINES
 from ..units import Size
+from .server import HttpSpec, ServerSpec
 
 
 def _tagged(**members: Any) -> Any:
@@ -244,11 +245,14 @@ class WorkloadSpec(_Strict):
     batch: Annotated[int, Field(strict=True, ge=1, le=MAX_BATCH)] = 1
     requests: Annotated[list[RequestSpec], Field(min_length=1)] | None = None
     chat: ChatSpec | None = None
+    http: HttpSpec | None = None  # a server's traffic (engine: server)
 
     @model_validator(mode="after")
     def _check(self) -> WorkloadSpec:
-        if (self.requests is None) == (self.chat is None):
-            raise ValueError("expected exactly one of requests (a list) or chat")
+        given = [self.requests, self.chat, self.http]
+        if sum(part is not None for part in given) != 1:
+            raise ValueError("expected exactly one of requests (a list), chat, or http (engine: "
+                             "server)")
         requests = self.requests or []
         for i, request in enumerate(requests):
             if request.prefix is None:
@@ -365,8 +369,10 @@ class ScenarioSpec(_Strict):
     name: Name
     description: Annotated[str, Field(strict=True)] = ""
     # synthetic: seeded K/V fed to the caches (harness.run.engine); mlx_lm: a real mlx-lm model
-    # with random weights, served through generate_step (harness.run.model_engine).
+    # with random weights, served through generate_step (harness.run.model_engine); server: a
+    # real server process under HTTP traffic (harness.run.server_engine).
     engine: EngineName = "synthetic"
+    server: ServerSpec | None = None
     model: Annotated[ModelSpec, BeforeValidator(
         lambda v: {"preset": v} if isinstance(v, str) else v)]
     cache: CacheSpec = CacheSpec()
@@ -386,6 +392,15 @@ class ScenarioSpec(_Strict):
     @model_validator(mode="after")
     def _check_engine(self) -> ScenarioSpec:
         model = self.model
+        serving = self.engine == "server"
+        if serving != (self.workload.http is not None):
+            raise ValueError("workload.http: HTTP traffic needs engine: server" if not serving
+                             else "workload: engine server sends HTTP traffic: expected "
+                             "workload.http")
+        if self.server is not None and not serving:
+            raise ValueError("server: needs engine: server")
+        if serving:
+            self._check_server()
         if self.engine == "synthetic":
             if model.path is not None or model.quantize is not None:
                 field = "path" if model.path is not None else "quantize"
@@ -396,17 +411,33 @@ class ScenarioSpec(_Strict):
                                  + ", ".join(geo.PRESETS) + ")")
             return self
         if model.preset is None and model.path is None:
-            raise ValueError("model: engine mlx_lm builds a model from a preset ("
+            raise ValueError(f"model: engine {self.engine} builds a model from a preset ("
                              + ", ".join(models.PRESETS) + ") or loads one from a path, "
                              "not from layer groups")
         if model.preset is not None and model.preset not in models.PRESETS:
             raise ValueError(f"model.preset: {model.preset!r} has no mlx_lm config: expected "
                              "one of " + ", ".join(models.PRESETS))
         if model.window is not None:
-            raise ValueError("model.window: the mlx_lm engine takes the window from the model")
+            raise ValueError(f"model.window: the {self.engine} engine takes the window from the "
+                             "model")
         if self.workload.batch != 1:
             self._check_batch()
         return self
+
+    def _check_server(self) -> None:
+        """A server serves its own caches: kvmem's cache components and batch do not apply."""
+        if self.cache != CacheSpec():
+            raise ValueError("cache: the server uses its own caches; engine server takes no "
+                             "cache components")
+        if self.workload.requests is not None or self.workload.chat is not None:
+            raise ValueError("workload: engine server sends workload.http alone")
+        if self.workload.batch != 1:
+            raise ValueError("workload.batch: the server batches as it does; set "
+                             "workload.http.clients for concurrent requests")
+
+    def serving(self) -> ServerSpec:
+        """The server section, its defaults where the scenario says nothing."""
+        return self.server if self.server is not None else ServerSpec()
 
     def _check_batch(self) -> None:
         """batch > 1 on the mlx_lm engine runs through mlx-lm's BatchGenerator: requests only,
@@ -428,10 +459,10 @@ class ScenarioSpec(_Strict):
 
     def geometry(self) -> geo.Geometry:
         """Per layer, what the caches hold: on the mlx_lm engine read from the built model."""
-        if self.engine == "mlx_lm":
+        if self.engine != "synthetic":
             return models.describe(self.model.choice())[0].with_batch(self.workload.batch)
         return self.model.geometry().with_batch(self.workload.batch)
 
     def weights_bytes(self) -> int:
         """The model's weights on the mlx_lm engine (the synthetic engine has none)."""
-        return models.describe(self.model.choice())[1] if self.engine == "mlx_lm" else 0
+        return models.describe(self.model.choice())[1] if self.engine != "synthetic" else 0

@@ -1,0 +1,328 @@
+"""The agent kvmem runs inside a server process: samples of MLX memory and RSS, on a period and
+on command, sent to kvmem over one authenticated local connection.
+
+Standalone on purpose (the standard library, and MLX where the server has it): the server may
+run in another environment than kvmem's. kvmem's in-process probe imports the readers below
+(`current_rss`, `cycle_garbage`, `release_freed_heap`), so both measure alike.
+
+Protocol (version 1), over `multiprocessing.connection` with the key kvmem gives:
+
+- the agent connects to `KVMEM_AGENT` (host:port) with `KVMEM_AGENT_KEY` (hex) and sends
+  `{"hello": 1, "pid", "python", "mlx", "errors"}`; `errors` lists what it could not
+  set up (a logical path or a plugin that does not import), which kvmem reports as the run's
+  failure;
+- then it answers each command with `{"rows": [...], "now": t}`, the rows sampled since its
+  last answer: `{"op": "mark", "request": i, "turn": t}` samples now (a request boundary);
+  `{"op": "idle", "cycles": bool, "settle": s}` waits until active memory and the logical
+  size stand still (at most `s` seconds), measures what unreachable reference cycles hold
+  (without freeing it) when asked, hands freed heap back to the system and samples;
+  `{"op": "rows"}` only drains; `{"op": "stop"}` drains and ends the agent.
+- if the connection ends without a stop, kvmem is gone: the agent kills its process (and the
+  process group it leads), so a server never outlives the kvmem that started it.
+- a row is `(time, phase, request, turn, tokens, active, peak, cache, rss, logical, entries,
+  cyclic)`: `time.monotonic()`, phase "serve" (the period), "request" (a mark) or "idle";
+  request and turn those of the last mark, tokens a mark's own (`"tokens"` in the command);
+  `peak` is the highest active since the previous row.
+
+`KVMEM_AGENT_PERIOD` sets the period (seconds), `KVMEM_AGENT_LOGICAL` names
+`module:Class.attribute`: every instance of that class made in the process is tracked (weakly)
+and `logical` is the sum of their attribute (`entries` of their `len()`).
+`KVMEM_AGENT_PLUGINS` lists modules to import first, separated by commas (a canary's).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import importlib
+import os
+import signal
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+PROTOCOL = 1
+VARIABLES = ("KVMEM_AGENT", "KVMEM_AGENT_KEY", "KVMEM_AGENT_PERIOD", "KVMEM_AGENT_LOGICAL",
+             "KVMEM_AGENT_PLUGINS")
+PHASES = ("serve", "request", "idle")
+
+
+def _libc_trim() -> Callable[[int], int] | None:
+    """glibc's `malloc_trim` from the symbols already loaded, or None (macOS, musl)."""
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return None
+
+
+_MALLOC_TRIM = _libc_trim()
+
+
+def release_freed_heap() -> None:
+    """Hand memory glibc keeps after `free` back to the kernel, so RSS shows what is held.
+
+    On the CPU backend MLX buffers come from malloc; once freed, glibc keeps many of their pages
+    mapped, and RSS at a quiescent point would read them as host memory still in use.
+    """
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def cycle_garbage() -> int:
+    """The MLX bytes held by unreachable reference cycles, measured without freeing them.
+
+    With DEBUG_SAVEALL the collector moves what it finds unreachable into `gc.garbage` instead
+    of freeing it: the arrays among it are what a collection would free. The list is emptied
+    again, so the cycles stay garbage, freed whenever the collector next runs, as in a server.
+    (That garbage's finalizers and weak-reference callbacks run now, as in any collection, and
+    the objects that survive move to the oldest generation.) Arrays that share a buffer count
+    their own bytes each. Called where nothing is in flight.
+    """
+    array = _mlx_array()
+    flags, before = gc.get_debug(), len(gc.garbage)
+    gc.set_debug(flags | gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+    finally:
+        gc.set_debug(flags)
+    held = sum(obj.nbytes for obj in gc.garbage[before:]
+               if array is not None and isinstance(obj, array))
+    del gc.garbage[before:]
+    return held
+
+
+def _mlx_array() -> Any:
+    mx = _mlx()
+    return None if mx is None else mx.array
+
+
+def _mlx() -> Any:
+    """mlx.core if this process can import it, else None (a server without MLX)."""
+    try:
+        import mlx.core as mx
+    except ImportError:
+        return None
+    return mx
+
+
+def current_rss() -> int:
+    """This process's resident set size in bytes; on macOS its physical footprint, which is
+    what the system charges it (RSS there under-reports memory an MLX server holds).
+
+    On Linux one `pread` of /proc/<pid>/statm on a descriptor kept open (about 1.5 us);
+    elsewhere psutil where installed. Readers are kept per pid, so a forked child never reads
+    its parent's figure.
+    """
+    pid = os.getpid()
+    reader = _RSS_READERS.get(pid)
+    if reader is None:
+        reader = _RSS_READERS[pid] = _rss_reader(pid)
+    return reader()
+
+
+def _rss_reader(pid: int) -> Callable[[], int]:
+    if sys.platform.startswith("linux"):
+        try:
+            fd = os.open(f"/proc/{pid}/statm", os.O_RDONLY)
+        except OSError:
+            pass
+        else:
+            page = os.sysconf("SC_PAGE_SIZE")
+            return lambda: int(os.pread(fd, 128, 0).split()[1]) * page
+    if sys.platform == "darwin":
+        footprint = _darwin_footprint(pid)
+        if footprint is not None:
+            return footprint
+    try:
+        import psutil
+    except ImportError:
+        return lambda: 0
+    process = psutil.Process(pid)
+    return lambda: process.memory_info().rss
+
+
+_RSS_READERS: dict[int, Callable[[], int]] = {}
+_RUSAGE_INFO_V2 = 2
+_FOOTPRINT_WORD = 9  # ri_phys_footprint: after a 16-byte uuid, the 8th uint64 field
+
+
+def _darwin_footprint(pid: int) -> Callable[[], int] | None:
+    """libproc's `proc_pid_rusage` physical footprint reader, or None where it is missing."""
+    try:
+        libproc = ctypes.CDLL("/usr/lib/libproc.dylib")
+    except OSError:
+        return None
+    buffer = (ctypes.c_uint64 * 64)()
+
+    def read() -> int:
+        if libproc.proc_pid_rusage(pid, _RUSAGE_INFO_V2, ctypes.byref(buffer)) != 0:
+            return 0
+        return int(buffer[_FOOTPRINT_WORD])
+
+    return read
+
+
+class Tracked:
+    """Every instance of one class made after `track`, weakly, and the sum of one attribute."""
+
+    def __init__(self, path: str):
+        module_name, _, qualified = path.partition(":")
+        owner, _, self.attribute = qualified.rpartition(".")
+        if not module_name or not owner or not self.attribute:
+            raise ValueError(f"{path!r}: expected module:Class.attribute")
+        cls: Any = importlib.import_module(module_name)
+        for part in owner.split("."):
+            cls = getattr(cls, part)
+        self.instances: weakref.WeakSet[Any] = weakref.WeakSet()
+        original = cls.__init__
+        instances = self.instances
+
+        def tracked_init(obj: Any, *args: Any, **kwargs: Any) -> None:
+            original(obj, *args, **kwargs)
+            instances.add(obj)
+
+        cls.__init__ = tracked_init
+
+    def read(self) -> tuple[int, int]:
+        """(sum of the attribute, sum of the lengths) over live instances; a reading that
+        races another thread's change is taken again."""
+        for _ in range(10):
+            try:
+                live = list(self.instances)
+                size = sum(int(getattr(obj, self.attribute)) for obj in live)
+                entries = sum(len(obj) for obj in live if hasattr(obj, "__len__"))
+                return size, entries
+            except RuntimeError:  # a set or dict changed size while read
+                continue
+        return 0, 0
+
+
+class Agent:
+    """Samples on a period in one thread and answers kvmem's commands in another."""
+
+    def __init__(self, period: float, tracked: Tracked | None):
+        self.period = period
+        self.tracked = tracked
+        self.mx = _mlx()
+        self._lock = threading.Lock()
+        self._rows: list[tuple] = []
+        self._request = -1
+        self._turn = -1
+        self._last_active = self._active()
+        self._stop = threading.Event()
+
+    def _active(self) -> int:
+        return 0 if self.mx is None else int(self.mx.get_active_memory())
+
+    def logical(self) -> tuple[int, int]:
+        return (0, 0) if self.tracked is None else self.tracked.read()
+
+    def take(self, phase: str, cyclic: int = 0, tokens: int = 0) -> None:
+        """One row now; the peak counter starts again from here."""
+        with self._lock:
+            mx = self.mx
+            active = self._active()
+            peak, cache = 0, 0
+            if mx is not None:
+                peak = int(mx.get_peak_memory())
+                mx.reset_peak_memory()
+                cache = int(mx.get_cache_memory())
+            peak = max(peak, self._last_active, active)
+            self._last_active = active
+            size, entries = self.logical()
+            self._rows.append((time.monotonic(), phase, self._request, self._turn, tokens,
+                               active, peak, cache, current_rss(), size, entries, cyclic))
+
+    def drain(self) -> dict:
+        with self._lock:
+            rows, self._rows = self._rows, []
+        return {"rows": rows, "now": time.monotonic()}
+
+    def settle(self, seconds: float) -> None:
+        """Wait until active memory and the logical size stand still over three readings
+        20 ms apart, at most `seconds`: a server may still be storing a finished request's
+        cache after its last byte went out."""
+        deadline, last, same = time.monotonic() + seconds, None, 0
+        while same < 3 and time.monotonic() < deadline:
+            now = (self._active(), self.logical())
+            same = same + 1 if now == last else 0
+            last = now
+            time.sleep(0.02)
+
+    def handle(self, command: dict) -> dict:
+        op = command.get("op")
+        if op == "mark":
+            self._request, self._turn = command["request"], command.get("turn", -1)
+            self.take("request", tokens=command.get("tokens", 0))
+        elif op == "idle":
+            self.settle(float(command.get("settle", 2.0)))
+            cyclic = cycle_garbage() if command.get("cycles") else 0
+            release_freed_heap()
+            self.take("idle", cyclic)
+        elif op == "stop":
+            self._stop.set()
+        elif op != "rows":
+            return {"error": f"unknown op {op!r}", **self.drain()}
+        return self.drain()
+
+    def sample(self) -> None:
+        while not self._stop.wait(self.period):
+            self.take("serve")
+
+    def serve(self, address: tuple[str, int], key: bytes, hello: dict) -> None:
+        """Connect, say hello, then answer commands until kvmem stops or goes."""
+        from multiprocessing.connection import Client
+
+        try:
+            connection = Client(address, authkey=key)
+        except OSError:
+            return  # kvmem is gone: the server runs on unobserved
+        with connection:
+            connection.send(hello)
+            threading.Thread(target=self.sample, name="kvmem-agent-sampler", daemon=True).start()
+            try:
+                while not self._stop.is_set():
+                    connection.send(self.handle(connection.recv()))
+            except (EOFError, OSError):
+                _orphaned()
+            finally:
+                self._stop.set()
+
+
+def _orphaned() -> None:
+    """kvmem hung up without saying stop: it is gone, and the server it started goes too, with
+    the process group it leads (where no parent-death signal exists, as on macOS, this is
+    what keeps a server from outliving kvmem)."""
+    if os.getpgrp() == os.getpid():
+        os.killpg(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def start_from_environment() -> Agent:
+    """Set up from the KVMEM_AGENT* variables (removed from this process's environment, so the
+    server's own children start no agent) and connect in a daemon thread."""
+    settings = {name: os.environ.pop(name, "") for name in VARIABLES}
+    host, _, port = settings["KVMEM_AGENT"].rpartition(":")
+    errors: list[str] = []
+    for plugin in filter(None, settings["KVMEM_AGENT_PLUGINS"].split(",")):
+        try:
+            importlib.import_module(plugin)
+        except Exception as exc:  # reported to kvmem, which fails the run with it
+            errors.append(f"plugin {plugin}: {type(exc).__name__}: {exc}")
+    tracked = None
+    if settings["KVMEM_AGENT_LOGICAL"]:
+        try:
+            tracked = Tracked(settings["KVMEM_AGENT_LOGICAL"])
+        except Exception as exc:
+            errors.append(f"logical {settings['KVMEM_AGENT_LOGICAL']}: {type(exc).__name__}: "
+                          f"{exc}")
+    agent = Agent(float(settings["KVMEM_AGENT_PERIOD"] or 0.1), tracked)
+    mx = agent.mx
+    hello = {"hello": PROTOCOL, "pid": os.getpid(), "python": sys.version.split()[0], "errors": errors,
+             "mlx": None if mx is None else getattr(mx, "__version__", "unknown")}
+    threading.Thread(target=agent.serve, args=((host, int(port)), bytes.fromhex(
+        settings["KVMEM_AGENT_KEY"]), hello), name="kvmem-agent", daemon=True).start()
+    return agent

@@ -1,0 +1,342 @@
+"""The server engine: a real server process under HTTP traffic, sampled from inside.
+
+kvmem starts the scenario's command (`server:`, by default mlx-lm's `mlx_lm.server` on a model
+folder `harness.model_folder` generates) on a free port, with the agent (`harness.agent`) on
+the server's `PYTHONPATH`. The agent connects back over an authenticated local connection; kvmem
+waits for the first request to succeed (a server may answer `/health` before its model has
+loaded), takes the baseline at rest, sends the traffic (`harness.run.traffic`), and asks the
+agent for a sample at each request's start and end and at rest after each round. The agent's
+rows become the probe's rows, so detectors, reports and the gate read a server's run as any
+other.
+
+The server never outlives the run: it gets its own session (so a Ctrl-C in kvmem's terminal
+reaches kvmem, which decides), dies with the variant's process on Linux (`PR_SET_PDEATHSIG`),
+and `close` ends its whole process group, gently and then by force. A server that will not
+start, dies or stops answering fails the variant with the tail of its output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection, Listener
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from .. import models
+from ..agent import kvmem_agent
+from ..child import die_with_parent, how
+from ..model_folder import folder
+from ..scenario import ScenarioSpec
+from . import traffic
+from .isolation import RunFailure
+from .probe import Probe
+
+AGENT_DIR = Path(kvmem_agent.__file__).parent
+HOST = "127.0.0.1"
+LOG_TAIL_LINES = 20
+STOP_GRACE = 10.0  # seconds a server has to exit on SIGTERM before it is killed
+REPLY_SLACK = 30.0  # seconds the agent may take beyond its settle time to answer
+
+
+class ServerError(RunFailure):
+    """The server did not start, died, or stopped answering; the message says how, with the
+    tail of its output."""
+
+
+def free_port(host: str = HOST) -> int:
+    """A port nothing listens on now (the server binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+class ServerEngine:
+    """Serves one server variant from the variant's process: start, traffic, samples, stop."""
+
+    def __init__(self, spec: ScenarioSpec, probe: Probe,
+                 progress: Callable[[int], None] | None = None):
+        assert spec.workload.http is not None  # the schema requires it with engine: server
+        self.spec = spec
+        self.http = spec.workload.http
+        self.server = spec.serving()
+        self.probe = probe
+        self.progress = progress
+        choice = spec.model.choice()
+        self.geometry, self.weights = models.describe(choice)
+        self.model = folder(choice)
+        self._workdir = Path(tempfile.mkdtemp(prefix="kvmem-server-"))
+        self._log = self._workdir / "server.log"
+        self._process: subprocess.Popen | None = None
+        self._connection: Connection | None = None
+        self._lock = threading.Lock()
+        self._origin: float | None = None  # the baseline's time, on the agent's clock
+        self._served = 0
+        self._disconnects = 0
+        self._ready_s = 0.0
+        self._rss_gap = 0
+        self._last = (0, 0)  # the logical bytes and entries at the last sample
+
+    # -- starting ---------------------------------------------------------------------------
+
+    def command(self, port: int) -> list[str]:
+        """The server's command line with its placeholders filled in."""
+        values = {"python": sys.executable, "model": str(self.model), "host": HOST,
+                  "port": str(port)}
+        return [word.format(**values) for word in [*self.server.command, *self.server.args]]
+
+    def _environment(self, address: tuple[str, int], key: bytes) -> dict[str, str]:
+        env = {**os.environ, **self.server.env}
+        paths = [str(AGENT_DIR)]
+        if self.server.plugins:  # resolved as components are: from the current directory
+            paths.append(os.getcwd())
+        if env.get("PYTHONPATH"):
+            paths.append(env["PYTHONPATH"])
+        env.update({
+            "PYTHONPATH": os.pathsep.join(paths),
+            "KVMEM_AGENT": f"{address[0]}:{address[1]}",
+            "KVMEM_AGENT_KEY": key.hex(),
+            "KVMEM_AGENT_PERIOD": repr(self.server.period),
+            "KVMEM_AGENT_LOGICAL": self.server.logical or "",
+            "KVMEM_AGENT_PLUGINS": ",".join(self.server.plugins),
+        })
+        return env
+
+    def _launch(self, port: int, address: tuple[str, int], key: bytes) -> None:
+        command = self.command(port)
+        with open(self._log, "wb") as log:
+            try:
+                self._process = subprocess.Popen(
+                    command, env=self._environment(address, key), stdin=subprocess.DEVNULL,
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    preexec_fn=functools.partial(die_with_parent, os.getpid()))
+            except OSError as exc:
+                raise ServerError(f"cannot start the server {command[0]!r}: "
+                                  f"{exc.strerror or exc}") from None
+
+    def tail(self) -> str:
+        """The last lines the server wrote (stdout and stderr together)."""
+        try:
+            lines = self._log.read_text("utf-8", "replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-LOG_TAIL_LINES:])
+
+    def _failure(self, what: str) -> ServerError:
+        tail = self.tail()
+        return ServerError(f"{what}" + (f"; the server's last output:\n{tail}" if tail else
+                                        "; the server wrote nothing"))
+
+    def _check_alive(self, when: str, wait: float = 0.0) -> None:
+        """Fail if the server has exited, waiting up to `wait` seconds for it to (a request
+        cut short may be the first sign of a server on its way out)."""
+        assert self._process is not None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._process.wait(wait)
+        code = self._process.poll()
+        if code is not None:
+            raise self._failure(f"the server {how(code)} {when}")
+
+    def _accept(self, listener: Listener, deadline: float) -> Connection:
+        """The agent's connection and its hello, while watching the server and the clock."""
+        accepted: dict[str, Any] = {}
+
+        def accept() -> None:
+            with contextlib.suppress(OSError, EOFError):
+                accepted["connection"] = listener.accept()
+
+        waiter = threading.Thread(target=accept, name="kvmem-accept", daemon=True)
+        waiter.start()
+        while waiter.is_alive():
+            waiter.join(0.1)
+            self._check_alive("before its agent connected")
+            if time.monotonic() > deadline:
+                raise self._failure(
+                    f"the server's agent did not connect within {self.server.ready_timeout:g} s "
+                    "(serve mode samples inside a Python server: is the command one, and does "
+                    "it keep the environment kvmem gives it?)")
+        if "connection" not in accepted:
+            raise self._failure("the server's agent could not connect")
+        connection: Connection = accepted["connection"]
+        hello = self._receive(connection, deadline, "before its agent said hello")
+        if hello.get("hello") != kvmem_agent.PROTOCOL:
+            raise ServerError(f"the agent in the server speaks protocol {hello.get('hello')!r}, "
+                              f"not {kvmem_agent.PROTOCOL}")
+        if hello.get("errors"):
+            raise self._failure("the agent in the server could not set up: "
+                                + "; ".join(hello["errors"]))
+        return connection
+
+    def _receive(self, connection: Connection, deadline: float, when: str) -> dict:
+        while not connection.poll(0.1):
+            self._check_alive(when)
+            if time.monotonic() > deadline:
+                raise self._failure(f"the server's agent did not answer {when}")
+        try:
+            return connection.recv()
+        except (EOFError, OSError):
+            self._check_alive(when)
+            raise self._failure(f"the server's agent hung up {when}") from None
+
+    def _wait_ready(self, port: int, deadline: float) -> None:
+        """The port accepts connections, then a first one-token request completes."""
+        while True:
+            self._check_alive("before it listened")
+            try:
+                socket.create_connection((HOST, port), timeout=1.0).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise self._failure(f"the server did not listen on port {port} within "
+                                        f"{self.server.ready_timeout:g} s") from None
+                time.sleep(0.1)
+        warm = traffic.Call(-1, "Hello", self.http.endpoint, 1, False, None)
+        try:
+            traffic.send(HOST, port, warm, max(deadline - time.monotonic(), 1.0))
+        except traffic.TrafficError as exc:
+            self._check_alive("on its first request", wait=1.0)
+            raise self._failure(f"the server's first request failed: {exc}") from None
+
+    # -- sampling -----------------------------------------------------------------------------
+
+    def _command(self, command: dict, when: str) -> None:
+        """One command to the agent; its rows become probe rows."""
+        assert self._connection is not None
+        with self._lock:
+            try:
+                self._connection.send(command)
+            except OSError:
+                self._check_alive(when)
+                raise self._failure(f"the server's agent hung up {when}") from None
+            deadline = time.monotonic() + self.server.settle + REPLY_SLACK
+            self._record(self._receive(self._connection, deadline, when)["rows"])
+
+    def _record(self, rows: list[tuple]) -> None:
+        if self._origin is None:  # the baseline's answer: what came before it is start-up
+            starts = [i for i, row in enumerate(rows) if row[1] == "idle"]
+            rows = rows[starts[-1]:]
+            self._origin = rows[0][0]
+        for (at, phase, request, turn, tokens, active, peak, cache, rss, logical, entries,
+             cyclic) in rows:
+            minimum = self.geometry.minimum_bytes(tokens) if tokens else 0
+            self.probe.add(phase, request, turn, tokens, active, peak, cache, rss, logical, 0,
+                           minimum, 0, cyclic, at - self._origin)
+            self._last = (logical, entries)
+
+    def _at_rest(self, when: str) -> None:
+        self._command({"op": "idle", "cycles": self.spec.sampling.find_cycles,
+                       "settle": self.server.settle}, when)
+        assert self._process is not None
+        with contextlib.suppress(psutil.Error):  # RSS read from outside, beside the agent's
+            outside = psutil.Process(self._process.pid).memory_info().rss
+            inside = int(self.probe.rows()[-1]["rss"])
+            self._rss_gap = max(self._rss_gap, abs(outside - inside))
+
+    # -- traffic ------------------------------------------------------------------------------
+
+    def _call(self, port: int, call: traffic.Call) -> None:
+        where = {"request": call.index, "turn": call.turn}
+        self._command({"op": "mark", **where}, f"at the start of request {call.index}")
+        try:
+            reply = traffic.send(HOST, port, call, self.server.request_timeout)
+        except traffic.TrafficError as exc:
+            self._check_alive(f"during request {call.index}", wait=1.0)
+            raise self._failure(str(exc)) from None
+        self._command({"op": "mark", **where,
+                       "tokens": reply.prompt_tokens + reply.completion_tokens},
+                      f"at the end of request {call.index}")
+        with self._lock:
+            self._served += 1
+            self._disconnects += reply.disconnected
+            served = self._served
+        if self.progress is not None:
+            self.progress(served)
+
+    def _round(self, port: int, calls: list[traffic.Call]) -> None:
+        if len(calls) == 1:
+            self._call(port, calls[0])
+            return
+        with ThreadPoolExecutor(len(calls), thread_name_prefix="kvmem-client") as pool:
+            for done in [pool.submit(self._call, port, call) for call in calls]:
+                done.result()
+
+    def _pause(self, seconds: float) -> None:
+        """Send nothing for `seconds`, the agent sampling on; a server that dies meanwhile
+        ends the run."""
+        until = time.monotonic() + seconds
+        while (left := until - time.monotonic()) > 0:
+            time.sleep(min(left, 0.1))
+            self._check_alive("while idle")
+
+    def serve(self) -> None:
+        key = os.urandom(32)
+        began = time.monotonic()
+        deadline = began + self.server.ready_timeout
+        with Listener((HOST, 0), authkey=key) as listener:
+            port = free_port()
+            self._launch(port, listener.address, key)
+            self._connection = self._accept(listener, deadline)
+        self._wait_ready(port, deadline)
+        self._ready_s = time.monotonic() - began
+        self._at_rest("at the baseline")
+        for step in traffic.plan(self.http, self.spec.sampling.seed):
+            if isinstance(step, float):
+                self._pause(step)
+                self._at_rest("after an idle period")
+            else:
+                self._round(port, step)
+                self._at_rest(f"after request {step[-1].index}")
+
+    # -- what the summary says --------------------------------------------------------------
+
+    def facts(self) -> dict[str, Any]:
+        """The model served and the server that served it."""
+        return {"engine": "server", "name": self.spec.model.choice().name,
+                "layers": len(self.geometry.layers), "weights": self.weights,
+                "folder": str(self.model), "ready_s": round(self._ready_s, 3),
+                "requests": self._served, "disconnects": self._disconnects,
+                "rss_outside_gap": self._rss_gap}
+
+    def store_stats(self) -> dict[str, int | float] | None:
+        """The logical size the agent read (`server.logical`) at the last sample."""
+        if self.server.logical is None:
+            return None
+        return {"nbytes": self._last[0], "entries": self._last[1]}
+
+    def close(self) -> None:
+        """Stop the agent and the server's whole process group; remove the run's files."""
+        if self._connection is not None:
+            with contextlib.suppress(OSError, EOFError):
+                self._connection.send({"op": "stop"})
+            self._connection.close()
+        if self._process is not None:
+            _stop(self._process)
+        shutil.rmtree(self._workdir, ignore_errors=True)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group, SIGKILL after STOP_GRACE, and reap it."""
+    for sig, wait in ((signal.SIGTERM, STOP_GRACE), (signal.SIGKILL, None)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, sig)
+        try:
+            process.wait(wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    # The group may outlive its leader: whatever is left of it goes too.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)

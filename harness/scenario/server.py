@@ -1,0 +1,196 @@
+"""The server engine's part of a scenario: how to start the server (`server:`) and the HTTP
+traffic to send it (`workload.http`). Validated as strictly as the rest of the schema."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import string
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, model_validator
+
+from ..echo import echo
+
+MAX_REQUESTS = 100_000
+MAX_WORDS = 1_000_000
+MAX_CLIENTS = 64
+MAX_SECONDS = 86_400.0
+
+Requests = Annotated[int, Field(strict=True, ge=1, le=MAX_REQUESTS)]
+Words = Annotated[int, Field(strict=True, ge=1, le=MAX_WORDS)]
+Clients = Annotated[int, Field(strict=True, ge=1, le=MAX_CLIENTS)]
+Tokens = Annotated[int, Field(strict=True, ge=1, le=MAX_REQUESTS)]
+Seconds = Annotated[float, Field(strict=True, gt=0.0, le=MAX_SECONDS, allow_inf_nan=False)]
+
+# The server kvmem starts by default: mlx-lm's, on the generated model, on a free port.
+DEFAULT_COMMAND = "{python} -m mlx_lm.server --model {model} --host {host} --port {port}"
+# mlx_lm.server's prompt cache: its own byte count, what it holds by design.
+DEFAULT_LOGICAL = "mlx_lm.models.cache:LRUPromptCache.nbytes"
+PLACEHOLDERS = ("python", "model", "host", "port")
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+$")
+_MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+
+
+def _words(command: str | list[str]) -> list[str]:
+    """The command as its words: a string is split as a POSIX shell would (no shell runs it)."""
+    if isinstance(command, list):
+        return command
+    try:
+        return shlex.split(command)
+    except ValueError as exc:
+        raise ValueError(f"cannot split the command: {exc}") from None
+
+
+def _placeholders(words: list[str]) -> set[str]:
+    found: set[str] = set()
+    for word in words:
+        try:
+            parsed = list(string.Formatter().parse(word))
+        except ValueError as exc:
+            raise ValueError(f"{echo(word)}: {exc} (write a literal brace as {{{{ or }}}})") from None
+        found.update(name for _, name, _, _ in parsed if name is not None)
+    return found
+
+
+def _check_command(value: str | list[str]) -> list[str]:
+    words = _words(value)
+    if not words or not all(isinstance(w, str) and w for w in words):
+        raise ValueError("expected a command line: a non-empty string, or a list of words")
+    names = _placeholders(words)
+    unknown = names - set(PLACEHOLDERS)
+    if unknown:
+        raise ValueError(f"unknown placeholder {{{sorted(unknown)[0]}}}: expected "
+                         + ", ".join(f"{{{p}}}" for p in PLACEHOLDERS))
+    if "port" not in names:
+        raise ValueError("the command must say where to listen with {port}: kvmem picks a free "
+                         "port for each run")
+    return words
+
+
+def _check_import_path(value: str | None) -> str | None:
+    if value is not None and not _IMPORT_PATH.match(value):
+        raise ValueError(f"expected module:Class.attribute, got {echo(value)}")
+    return value
+
+
+def _check_module(value: str) -> str:
+    if not _MODULE.match(value):
+        raise ValueError(f"expected a module's import path (a.b.c), got {echo(value)}")
+    return value
+
+
+class ServerSpec(_Strict):
+    """`server:`: the command kvmem starts (placeholders {python}, {model}, {host}, {port}),
+    what it adds to it, and what the agent inside reads."""
+
+    command: Annotated[list[str], BeforeValidator(_check_command)] = Field(
+        default_factory=lambda: _words(DEFAULT_COMMAND))
+    args: list[Annotated[str, Field(strict=True)]] = Field(default_factory=list)
+    env: dict[str, Annotated[str, Field(strict=True)]] = Field(default_factory=dict)
+    # The byte count a server holds by design (its prompt cache): `module:Class.attribute`,
+    # summed over every instance; null when the server has none to read.
+    logical: Annotated[str | None, BeforeValidator(_check_import_path)] = DEFAULT_LOGICAL
+    # Modules the agent imports in the server before it runs (a canary's fault).
+    plugins: list[Annotated[str, BeforeValidator(_check_module)]] = Field(default_factory=list)
+    period: Annotated[float, Field(strict=True, ge=0.01, le=60.0, allow_inf_nan=False)] = 0.1
+    ready_timeout: Seconds = 120.0
+    request_timeout: Seconds = 120.0
+    # How long an idle sample waits for memory to stand still after the last request ended.
+    settle: Annotated[float, Field(strict=True, ge=0.0, le=60.0, allow_inf_nan=False)] = 2.0
+
+    @model_validator(mode="after")
+    def _check_env(self) -> ServerSpec:
+        for name in self.env:
+            if not name or "=" in name or "\0" in name or name.startswith("KVMEM_AGENT"):
+                raise ValueError(f"env: {echo(name)} is not a variable kvmem can set "
+                                 "(no '=', not KVMEM_AGENT*)")
+        return self
+
+
+class _Calls(_Strict):
+    """What every kind of traffic may set for its own requests; unset, the `http:` defaults."""
+
+    endpoint: Literal["chat", "completions"] | None = None
+    max_tokens: Tokens | None = None
+    clients: Clients | None = None
+    stream: Annotated[bool, Field(strict=True)] | None = None
+    # Close the connection after this many streamed chunks, as a client that gives up.
+    disconnect: Tokens | None = None
+
+
+class Distinct(_Calls):
+    """`requests` prompts of `words` words each, none sharing a prefix with another."""
+
+    kind: Literal["distinct"]
+    requests: Requests
+    words: Words
+
+
+class SharedPrefix(_Calls):
+    """`requests` prompts that share their first `prefix` words, then `words` of their own."""
+
+    kind: Literal["prefix"]
+    requests: Requests
+    prefix: Words
+    words: Words
+
+
+class Sessions(_Calls):
+    """`sessions` conversations of `turns` turns: each turn sends the whole history so far (the
+    server's own replies included) and a new user message of `words` words."""
+
+    kind: Literal["sessions"]
+    sessions: Requests
+    turns: Requests
+    words: Words
+
+
+class Idle(_Strict):
+    """No traffic for `seconds`, with the agent still sampling; then a sample at rest."""
+
+    kind: Literal["idle"]
+    seconds: Seconds
+
+
+Phase = Annotated[Union[Distinct, SharedPrefix, Sessions, Idle], Discriminator("kind")]  # noqa: UP007
+
+
+class HttpSpec(_Strict):
+    """`workload.http`: OpenAI-compatible traffic in phases, run in order; defaults for every
+    phase's requests. Prompts are drawn from `sampling.seed`, so the traffic is identical run
+    to run. With one client a sample at rest follows each request; with more, each round of
+    `clients` requests sent together."""
+
+    endpoint: Literal["chat", "completions"] = "chat"
+    max_tokens: Tokens = 16
+    clients: Clients = 1
+    stream: Annotated[bool, Field(strict=True)] = False
+    phases: Annotated[list[Phase], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _check(self) -> HttpSpec:
+        for index, phase in enumerate(self.phases):
+            if isinstance(phase, Idle) or phase.disconnect is None:
+                continue
+            streaming = phase.stream if phase.stream is not None else self.stream
+            if not streaming:
+                raise ValueError(f"phases.{index}.disconnect: a client disconnects mid-stream: "
+                                 "set stream: true")
+        if not any(not isinstance(phase, Idle) for phase in self.phases):
+            raise ValueError("phases: expected at least one phase that sends requests")
+        return self
+
+    def requests(self) -> int:
+        """How many requests the traffic sends in all."""
+        total = 0
+        for phase in self.phases:
+            if isinstance(phase, Sessions):
+                total += phase.sessions * phase.turns
+            elif not isinstance(phase, Idle):
+                total += phase.requests
+        return total

@@ -1,0 +1,341 @@
+"""Serve mode on a fake server (tests/fixtures/server): no model runs, so each case takes about a
+second. The agent, the traffic, server failures and the detectors on a server's samples; the real
+`mlx_lm.server` is tests/test_serve_mlx_lm.py's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from multiprocessing.connection import Listener
+from pathlib import Path
+
+import mlx.core as mx
+import psutil
+import pytest
+
+from harness import detect
+from harness.agent import kvmem_agent
+from harness.model_folder import folder
+from harness.models import ModelChoice
+from harness.run import traffic
+from harness.run.isolation import estimate_bytes, execute
+from harness.run.server_engine import AGENT_DIR
+from harness.run.suite import summarize
+from harness.scenario import ScenarioError, load_variants
+from harness.scenario.server import HttpSpec
+from tests.conftest import make_spec, serve_with_engine
+
+FIXTURES = Path(__file__).parent / "fixtures" / "server"
+ENTRY = 16384  # bytes per prompt word: a 64-word prompt stores 1 MiB
+MiB = 2**20
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A generated model folder: the fake server ignores it, the engine reads its geometry."""
+    choice = ModelChoice("qwen3-tiny", None, None, None, "float32", None, 64)
+    return str(folder(choice, tmp_path_factory.mktemp("models")))
+
+
+def fake(model_path: str, *args: str, requests: int = 8, **server: object) -> dict:
+    """A scenario serving the fake server with `args`, `requests` distinct 64-word prompts."""
+    return {
+        "name": "fake", "engine": "server", "model": {"path": model_path},
+        "server": {"command": f"{{python}} -m fake_server --port {{port}} --entry {ENTRY}",
+                   "args": list(args), "env": {"PYTHONPATH": str(FIXTURES)},
+                   "logical": "fake_store:Store.nbytes", **server},
+        "workload": {"http": {"phases": [{"kind": "distinct", "requests": requests,
+                                          "words": 64}]}},
+    }
+
+
+def servers() -> set[int]:
+    """The fake servers among this process's descendants."""
+    found = set()
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if "fake_server" in " ".join(process.cmdline()):
+                found.add(process.pid)
+        except psutil.Error:  # gone meanwhile, or a zombie
+            pass
+    return found
+
+
+# -- the schema ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"engine": "mlx_lm"}, "workload.http: HTTP traffic needs engine: server"),
+    ({"workload": {"requests": [{"prompt": 8}]}},
+     "workload: engine server sends HTTP traffic: expected workload.http"),
+    ({"server": {"command": "serve --model {model}"}},
+     "server.command: the command must say where to listen with {port}"),
+    ({"server": {"command": "serve --port {port} {weights}"}},
+     "server.command: unknown placeholder {weights}: expected {python}, {model}, {host}, {port}"),
+    ({"server": {"command": "serve 'unclosed {port}"}},
+     "server.command: cannot split the command: No closing quotation"),
+    ({"server": {"command": []}}, "server.command: expected a command line"),
+    ({"server": {"logical": "mlx_lm.models.cache.LRUPromptCache"}},
+     "server.logical: expected module:Class.attribute"),
+    ({"server": {"env": {"KVMEM_AGENT": "x"}}}, "server: env: 'KVMEM_AGENT' is not a variable"),
+    ({"server": {"plugins": ["not a module"]}}, "server.plugins.0: expected a module's import"),
+    ({"server": {"period": 0}}, "server.period: Input should be greater than or equal to 0.01"),
+    ({"cache": {"store": {"component": "mlx_lm.LRUPromptCache"}}},
+     "cache: the server uses its own caches"),
+    ({"workload": {"http": {"phases": []}}}, "workload.http.phases: List should have at least 1"),
+    ({"workload": {"http": {"phases": [{"kind": "idle", "seconds": 1}]}}},
+     "phases: expected at least one phase that sends requests"),
+    ({"workload": {"http": {"phases": [{"kind": "distinct", "requests": 0, "words": 8}]}}},
+     "workload.http.phases.0.distinct.requests: Input should be greater than or equal to 1"),
+    ({"workload": {"http": {"phases": [{"kind": "burst", "requests": 2}]}}},
+     "workload.http.phases.0: Input tag 'burst' found using 'kind' does not match any"),
+    ({"workload": {"http": {"clients": 65, "phases": [{"kind": "distinct", "requests": 1,
+                                                       "words": 8}]}}},
+     "workload.http.clients: Input should be less than or equal to 64"),
+    ({"workload": {"http": {"phases": [{"kind": "distinct", "requests": 2, "words": 8,
+                                        "disconnect": 2}]}}},
+     "phases.0.disconnect: a client disconnects mid-stream: set stream: true"),
+    ({"workload": {"http": {"endpoint": "embeddings", "phases": [
+        {"kind": "distinct", "requests": 1, "words": 8}]}}},
+     "workload.http.endpoint: Input should be 'chat' or 'completions'"),
+])
+def test_bad_server_scenarios_name_the_field(tmp_path: Path, model_path: str, change: dict,
+                                             message: str) -> None:
+    import yaml
+
+    scenario = fake(model_path)
+    for key, value in change.items():
+        if isinstance(value, dict) and key == "server":
+            scenario["server"] = {**scenario["server"], **value}
+        else:
+            scenario[key] = value
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(scenario))
+    with pytest.raises(ScenarioError) as error:
+        load_variants(path)
+    assert message in str(error.value)
+
+
+def test_server_section_needs_the_server_engine(model_path: str) -> None:
+    with pytest.raises(ValueError, match="server: needs engine: server"):
+        make_spec(server={}, workload={"requests": [{"prompt": 8}]})
+
+
+# -- the traffic ---------------------------------------------------------------------------
+
+def http(**fields: object) -> HttpSpec:
+    return HttpSpec.model_validate(fields)
+
+
+def test_the_plan_is_the_same_for_a_seed_and_rounds_hold_one_call_per_client() -> None:
+    spec = http(clients=2, phases=[
+        {"kind": "distinct", "requests": 3, "words": 5},
+        {"kind": "idle", "seconds": 0.5},
+        {"kind": "prefix", "requests": 2, "prefix": 6, "words": 2, "clients": 1},
+        {"kind": "sessions", "sessions": 3, "turns": 2, "words": 4},
+    ])
+    steps = traffic.plan(spec, seed=3)
+    shape = [s if isinstance(s, float) else [(c.index, c.turn) for c in s] for s in steps]
+    assert shape == [[(0, -1), (1, -1)], [(2, -1)], 0.5, [(3, -1)], [(4, -1)],
+                     [(5, 0), (6, 0)], [(7, 1), (8, 1)], [(9, 0)], [(10, 1)]]
+    again = traffic.plan(spec, seed=3)
+    texts = [c.text for s in steps if not isinstance(s, float) for c in s]
+    assert texts == [c.text for s in again if not isinstance(s, float) for c in s]
+    assert texts != [c.text for s in traffic.plan(spec, seed=4) if not isinstance(s, float)
+                     for c in s]
+    assert [len(t.split()) for t in texts] == [5, 5, 5, 8, 8, 4, 4, 4, 4, 4, 4]
+    first, second = steps[3][0].text.split(), steps[4][0].text.split()
+    assert first[:6] == second[:6] and first[6:] != second[6:]
+    assert spec.requests() == 11
+
+
+def test_a_session_sends_its_whole_history() -> None:
+    spec = http(phases=[{"kind": "sessions", "sessions": 1, "turns": 2, "words": 3}])
+    (first,), (second,) = traffic.plan(spec, seed=0)
+    assert traffic.body(first)["messages"] == [{"role": "user", "content": first.text}]
+    assert first.session is not None
+    first.session.messages += [{"role": "user", "content": first.text},
+                               {"role": "assistant", "content": "a reply"}]
+    assert traffic.body(second)["messages"] == [
+        {"role": "user", "content": first.text}, {"role": "assistant", "content": "a reply"},
+        {"role": "user", "content": second.text}]
+    completion = http(endpoint="completions", stream=True,
+                      phases=[{"kind": "distinct", "requests": 1, "words": 3}])
+    (call,), = traffic.plan(completion, seed=0)
+    assert traffic.body(call) == {"max_tokens": 16, "temperature": 0.0, "stream": True,
+                                  "stream_options": {"include_usage": True},
+                                  "prompt": call.text}
+
+
+def test_the_estimate_covers_the_weights_and_the_longest_context(model_path: str) -> None:
+    spec = make_spec(**fake(model_path))
+    context = traffic.longest_context(spec.workload.http)
+    assert context == 2 * 64 + 16 + 64
+    kv = spec.geometry().minimum_bytes(context)
+    assert estimate_bytes(spec) == spec.weights_bytes() + 2 * 11 * kv + 2 * 256 * MiB
+
+
+# -- the agent -----------------------------------------------------------------------------
+
+class Held:
+    """A store the agent tracks in the tests."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __len__(self) -> int:
+        return 2
+
+
+def test_the_agent_tracks_instances_and_answers_commands() -> None:
+    tracked = kvmem_agent.Tracked(f"{__name__}:Held.size")
+    kept = [Held(1000), Held(24)]
+    assert tracked.read() == (1024, 4)
+    agent = kvmem_agent.Agent(60.0, tracked)
+    buffer = mx.zeros((MiB // 4,), dtype=mx.float32)
+    mx.eval(buffer)
+    rows = agent.handle({"op": "mark", "request": 3, "turn": 1, "tokens": 12})["rows"]
+    del buffer
+    rows += agent.handle({"op": "idle", "cycles": True, "settle": 0.1})["rows"]
+    assert [row[1:5] for row in rows] == [("request", 3, 1, 12), ("idle", 3, 1, 0)]
+    assert [row[9:] for row in rows] == [(1024, 4, 0), (1024, 4, 0)]
+    assert rows[0][5] - rows[1][5] == MiB  # active dropped by the freed buffer
+    assert rows[1][6] >= rows[0][5]  # the idle row's peak covers the buffer it saw
+    assert agent.handle({"op": "rows"})["rows"] == []
+    assert agent.handle({"op": "jump"})["error"] == "unknown op 'jump'"
+    del kept
+
+
+def test_the_agent_in_a_process_says_hello_samples_and_leaves_children_alone(
+        tmp_path: Path) -> None:
+    """The sitecustomize starts the agent in the first Python process alone: a child that
+    process starts runs without it."""
+    script = tmp_path / "server.py"
+    script.write_text(textwrap.dedent("""
+        import os, subprocess, sys, time
+        import mlx.core as mx
+        child = subprocess.run([sys.executable, "-c",
+                                "import os; print(os.environ.get('KVMEM_AGENT', 'none'))"],
+                               capture_output=True, text=True)
+        print("child agent:", child.stdout.strip(), flush=True)
+        keep = mx.zeros((2**18,)); mx.eval(keep)
+        time.sleep(30)
+    """))
+    key = os.urandom(32)
+    with Listener(("127.0.0.1", 0), authkey=key) as listener:
+        env = {**os.environ, "PYTHONPATH": str(AGENT_DIR),
+               "KVMEM_AGENT": "{}:{}".format(*listener.address), "KVMEM_AGENT_KEY": key.hex(),
+               "KVMEM_AGENT_PERIOD": "0.05", "KVMEM_AGENT_LOGICAL": "",
+               "KVMEM_AGENT_PLUGINS": "no_such_plugin"}
+        server = subprocess.Popen([sys.executable, str(script)], env=env,
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            accepted: list = []
+            waiter = threading.Thread(target=lambda: accepted.append(listener.accept()))
+            waiter.start()
+            waiter.join(30)
+            connection = accepted[0]
+            hello = connection.recv()
+            assert hello["hello"] == kvmem_agent.PROTOCOL and hello["pid"] == server.pid
+            assert hello["errors"] == ["plugin no_such_plugin: ModuleNotFoundError: No module "
+                                       "named 'no_such_plugin'"]
+            assert server.stdout is not None
+            assert server.stdout.readline().strip() == "child agent: none"
+            connection.send({"op": "idle", "cycles": False, "settle": 0.2})
+            rows = connection.recv()["rows"]
+            assert {row[1] for row in rows[:-1]} <= {"serve"} and rows[-1][1] == "idle"
+            assert rows[-1][5] >= MiB  # the server's own array, read inside it
+            connection.send({"op": "stop"})
+            assert "rows" in connection.recv()
+        finally:
+            server.kill()
+            server.wait()
+
+
+# -- a server under traffic ------------------------------------------------------------------
+
+def test_a_clean_server_fills_its_store_and_holds(model_path: str) -> None:
+    engine, frame, findings, figures = serve_with_engine(
+        make_spec(**fake(model_path, "--limit", "3")))
+    kinds = {f.kind for f in findings}
+    assert "leak" not in kinds and "retained" not in kinds and "plateau" in kinds
+    resting = detect.quiescent(frame)
+    # The baseline holds the warm-up's one-word entry, which the third request evicts.
+    assert list(resting["logical"]) == [MiB + ENTRY, 2 * MiB + ENTRY] + [3 * MiB] * 6
+    assert list(resting["active"] - frame["active"].iloc[0]) == [MiB, 2 * MiB] + [
+        3 * MiB - ENTRY] * 6
+    ends = frame[(frame["phase"] == "request") & (frame["tokens"] > 0)]
+    assert list(ends["request"]) == list(range(8)) and set(ends["tokens"]) == {64 + 16}
+    assert frame["time"].is_monotonic_increasing and frame["time"].iloc[0] == 0.0
+    assert engine.facts()["requests"] == 8
+    assert engine.store_stats() == {"nbytes": 3 * MiB, "entries": 3}
+    assert figures["final"] == 3 * MiB - ENTRY
+
+
+def test_a_leaking_server_is_a_leak_per_request(model_path: str) -> None:
+    _, _, findings, _ = serve_with_engine(
+        make_spec(**fake(model_path, "--limit", "3", "--leak")))
+    (leak,) = [f for f in findings if f.kind == "leak"]
+    assert leak.bytes == MiB
+    assert "grows 1,048,576 B per request" in leak.message
+    assert "retained" not in {f.kind for f in findings}
+
+
+def test_concurrent_clients_and_interrupted_streams(model_path: str) -> None:
+    scenario = fake(model_path, "--limit", "100")
+    scenario["workload"]["http"] = {"clients": 3, "stream": True, "max_tokens": 8, "phases": [
+        {"kind": "distinct", "requests": 6, "words": 64},
+        {"kind": "distinct", "requests": 2, "words": 64, "disconnect": 2, "clients": 1},
+        {"kind": "idle", "seconds": 0.3}]}
+    engine, frame, _, _ = serve_with_engine(make_spec(**scenario))
+    assert len(detect.quiescent(frame)) == 2 + 2 + 1
+    assert engine.facts()["disconnects"] == 2
+    assert engine.store_stats() == {"nbytes": 8 * MiB + ENTRY, "entries": 9}  # and the warm-up
+
+
+@pytest.mark.parametrize(("args", "server", "error"), [
+    (["--die-after", "4"], {},
+     "the server exited with status 7 during request 2; the server's last output:\n"
+     "fake server: dying at request 4"),
+    (["--hang-after", "3"], {"request_timeout": 1.0},
+     "request 1: no reply within 1 s: the server stopped answering"),
+    (["--fail-after", "2"], {}, "request 0: HTTP 500"),
+    ([], {"command": "{python} -c \"import sys; sys.exit('no model here')\" {port}"},
+     "the server exited with status 1 before its agent connected; the server's last output:\n"
+     "no model here"),
+    ([], {"command": "/no/such/server --port {port}"},
+     "cannot start the server '/no/such/server': No such file or directory"),
+    ([], {"logical": "fake_store:Nothing.nbytes"},
+     "the agent in the server could not set up: logical fake_store:Nothing.nbytes: "
+     "AttributeError"),
+])
+def test_a_server_that_fails_fails_its_variant_and_leaves_nothing(
+        tmp_path: Path, model_path: str, args: list[str], server: dict, error: str) -> None:
+    import yaml
+
+    path = tmp_path / "fails.yaml"
+    path.write_text(yaml.safe_dump(fake(model_path, *args, **server)))
+    (variant,) = load_variants(path)
+    outcome = execute(variant, timeout=60)
+    assert outcome.status == "failed"
+    assert error in outcome.error
+    assert "Traceback" not in outcome.error
+    assert not servers()
+    _, _, summary = summarize(outcome, {"backend": "cpu"}, tmp_path)
+    assert summary.status == "failed" and error in summary.error
+
+
+def test_a_variant_killed_mid_run_takes_its_server_with_it(tmp_path: Path,
+                                                           model_path: str) -> None:
+    """A timeout kills the variant's process with SIGKILL: its server dies with it."""
+    import yaml
+
+    path = tmp_path / "slow.yaml"
+    path.write_text(yaml.safe_dump(fake(model_path, "--hang-after", "3")))
+    (variant,) = load_variants(path)
+    outcome = execute(variant, timeout=8)
+    assert outcome.status == "failed" and outcome.error.startswith("timed out after 8 s")
+    _, alive = psutil.wait_procs([psutil.Process(pid) for pid in servers()], timeout=5)
+    assert not alive
