@@ -178,7 +178,7 @@ def spike(frame: pd.DataFrame, t: SpikeThresholds, backend: str) -> Finding | No
     hits = frame[(excess > t.min_bytes) & (ratios >= t.min_ratio)]
     return from_hits("spike", hits, excess, lambda at: (
         f"{len(hits)} transient spike(s); largest +{mib(excess[at])} MiB above the settled "
-        f"memory ({ratios[at]:.2f}x) at step {frame['step'][at]} ({frame['phase'][at]})"))
+        f"memory ({ratios[at]:.2f}x) at {where(frame, at)}"))
 
 
 class GrowthThresholds(Thresholds):
@@ -198,13 +198,22 @@ def growth(frame: pd.DataFrame, t: GrowthThresholds, backend: str) -> Finding | 
     hits = frame[eligible & (excess > t.min_bytes)]
     return from_hits("growth", hits, excess, lambda at: (
         f"{len(hits)} step(s) grew active memory beyond their tokens; largest "
-        f"+{mib(excess[at])} MiB at step {frame['step'][at]} ({frame['phase'][at]})"))
+        f"+{mib(excess[at])} MiB at {where(frame, at)}"))
 
 
 # A server's rows while requests are in flight (harness.run.server_engine): its logical bytes
 # are what it stores (its prompt cache), not its requests' working memory, which nothing there
 # reports; such rows are judged at rest only.
 IN_FLIGHT = ("request", "serve")
+
+
+def where(frame: pd.DataFrame, at: Hashable) -> str:
+    """A row as a finding names it: `step 105 (idle)`; on a server's run with its request too,
+    `step 105 (idle, request 13)`."""
+    step, phase, request = frame["step"][at], frame["phase"][at], frame["request"][at]
+    if request >= 0 and frame["phase"].isin(IN_FLIGHT).any():
+        return f"step {step} ({phase}, request {request})"
+    return f"step {step} ({phase})"
 
 
 def quiescent(frame: pd.DataFrame) -> pd.DataFrame:
@@ -479,7 +488,7 @@ def retained(frame: pd.DataFrame, t: RetainedThresholds, backend: str) -> Findin
     hits = frame[judged & (excess > np.maximum(t.min_bytes, t.ratio * frame["logical"]))]
     found = from_hits("retained", hits, excess, lambda at: (
         f"allocator holds {mib(excess[at])} MiB beyond the {mib(frame['logical'][at])} MiB the "
-        f"components report, at step {frame['step'][at]} ({frame['phase'][at]})"))
+        f"components report, at {where(frame, at)}"))
     if found is not None or trend is None:
         return found
     unit, last = _unit(points), points.index[-1]
@@ -510,8 +519,8 @@ def aliased(frame: pd.DataFrame, t: AliasThresholds, backend: str) -> Finding | 
     counted_twice = frame["phase"].isin(["prefill", "decode"]) & (over > t.min_bytes)
     hits = frame[counted_twice & counted_twice.shift(1, fill_value=False)]
     return from_hits("aliased", hits, over, lambda at: (
-        f"components report {mib(over[at])} MiB more than MLX holds above the baseline at step "
-        f"{frame['step'][at]} ({frame['phase'][at]}): the same arrays counted twice, as when a "
+        f"components report {mib(over[at])} MiB more than MLX holds above the baseline at "
+        f"{where(frame, at)}: the same arrays counted twice, as when a "
         f"fetch hands out the store's own cache objects"))
 
 

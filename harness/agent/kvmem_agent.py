@@ -11,8 +11,8 @@ Protocol (version 1), over `multiprocessing.connection` with the key kvmem gives
   `{"hello": 1, "pid", "python", "mlx", "errors"}`; `errors` lists what it could not
   set up (a logical path or a plugin that does not import), which kvmem reports as the run's
   failure;
-- then it answers each command with `{"rows": [...], "now": t}`, the rows sampled since its
-  last answer: `{"op": "mark", "request": i, "turn": t}` samples now (a request boundary);
+- then it answers each command with `{"rows": [...], "now": t, "busy": s}`, the rows sampled
+  since its last answer (`busy`: the seconds it has spent sampling, in all): `{"op": "mark", "request": i, "turn": t}` samples now (a request boundary);
   `{"op": "idle", "cycles": bool, "settle": s}` waits until active memory and the logical
   size stand still (at most `s` seconds), measures what unreachable reference cycles hold
   (without freeing it) when asked, hands freed heap back to the system and samples;
@@ -213,6 +213,7 @@ class Agent:
         self._turn = -1
         self._last_active = self._active()
         self._stop = threading.Event()
+        self._busy = 0.0  # seconds spent taking samples, in all
 
     def _active(self) -> int:
         return 0 if self.mx is None else int(self.mx.get_active_memory())
@@ -222,6 +223,7 @@ class Agent:
 
     def take(self, phase: str, cyclic: int = 0, tokens: int = 0) -> None:
         """One row now; the peak counter starts again from here."""
+        began = time.perf_counter()
         with self._lock:
             mx = self.mx
             active = self._active()
@@ -235,11 +237,12 @@ class Agent:
             size, entries = self.logical()
             self._rows.append((time.monotonic(), phase, self._request, self._turn, tokens,
                                active, peak, cache, current_rss(), size, entries, cyclic))
+            self._busy += time.perf_counter() - began
 
     def drain(self) -> dict:
         with self._lock:
             rows, self._rows = self._rows, []
-        return {"rows": rows, "now": time.monotonic()}
+            return {"rows": rows, "now": time.monotonic(), "busy": self._busy}
 
     def settle(self, seconds: float) -> None:
         """Wait until active memory and the logical size stand still over three readings

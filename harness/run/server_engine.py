@@ -303,10 +303,11 @@ class ServerEngine:
     # -- what the summary says --------------------------------------------------------------
 
     def facts(self) -> dict[str, Any]:
-        """The model served and the server that served it."""
+        """The model served (its folder by name: a committed baseline holds no local path)
+        and the server that served it."""
         return {"engine": "server", "name": self.spec.model.choice().name,
                 "layers": len(self.geometry.layers), "weights": self.weights,
-                "folder": str(self.model), "ready_s": round(self._ready_s, 3),
+                "folder": self.model.name, "ready_s": round(self._ready_s, 3),
                 "requests": self._served, "disconnects": self._disconnects,
                 "rss_outside_gap": self._rss_gap}
 

@@ -1,0 +1,60 @@
+"""Serve mode on the real `mlx_lm.server` of the installed mlx-lm: the bundled scenario's canary
+and its clean twin (about 25 s together), run as `kvmem run` runs them.
+
+The twin proves the detectors stay quiet on the real server under the same plugin; the canary
+proves they fire on it. The other variants' verdicts are recorded in the scenario and checked by
+`python -m harness run scenarios/mlx_lm_server.yaml` (and the baselines)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+import pytest
+
+from harness.run.suite import run_variants
+from harness.scenario import load_variants
+
+SCENARIO = Path(__file__).parent.parent / "scenarios" / "mlx_lm_server.yaml"
+
+
+def mlx_lm_servers() -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if "mlx_lm.server" in " ".join(process.cmdline()):
+                found.append(process)
+        except psutil.Error:
+            pass
+    return found
+
+
+@pytest.fixture(scope="module")
+def canaries(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    variants = load_variants(SCENARIO, ["canary_hoard", "canary_clean"])
+    before = {p.pid for p in mlx_lm_servers()}
+    summaries = run_variants(variants, tmp_path_factory.mktemp("reports"))
+    left = [p for p in mlx_lm_servers() if p.pid not in before]
+    return {"summaries": {s.variant: s for s in summaries}, "left": left}
+
+
+def test_the_hoarding_plugin_is_a_leak_of_one_entry_a_request(canaries: dict) -> None:
+    summary = canaries["summaries"]["canary_hoard"]
+    assert summary.status == "ok" and summary.passed
+    (leak,) = [f for f in summary.findings if f.kind == "leak"]
+    assert "per request" in leak.message
+    # Each hoarded entry keeps its K/V: at least 16 KiB a token for its ~220 tokens.
+    assert summary.metrics["leak_rate"] > 220 * 16 * 2**10
+    assert summary.model is not None and summary.model.engine == "server"
+    assert summary.store_stats is not None
+    assert summary.store_stats["entries"] <= 3  # the LRU itself stays within its cap
+
+
+def test_its_clean_twin_has_no_finding_at_rest(canaries: dict) -> None:
+    summary = canaries["summaries"]["canary_clean"]
+    assert summary.status == "ok" and summary.passed
+    assert {f.kind for f in summary.findings} <= {"spike", "plateau"}
+
+
+def test_no_server_outlives_the_run(canaries: dict) -> None:
+    assert canaries["left"] == []
