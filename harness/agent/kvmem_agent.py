@@ -12,7 +12,8 @@ Protocol (version 1), over `multiprocessing.connection` with the key kvmem gives
   set up (a logical path or a plugin that does not import), which kvmem reports as the run's
   failure;
 - then it answers each command with `{"rows": [...], "now": t, "busy": s}`, the rows sampled
-  since its last answer (`busy`: the seconds it has spent sampling, in all): `{"op": "mark", "request": i, "turn": t}` samples now (a request boundary);
+  since its last answer (`busy`: the seconds it has spent sampling, in all):
+  `{"op": "mark", "request": i, "turn": t}` samples now (a request boundary);
   `{"op": "idle", "cycles": bool, "settle": s}` waits until active memory and the logical
   size stand still (at most `s` seconds), measures what unreachable reference cycles hold
   (without freeing it) when asked, hands freed heap back to the system and samples;
