@@ -83,6 +83,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
                       highlight=False)
     summaries = run_variants(variants, Path(args.out), console, args.timeout, args.jobs)
     console.print(term.results(summaries))
+    term.failures(console, summaries)
     console.print(f"reports written under {args.out}/")
     return exit_status(summaries)
 

@@ -77,6 +77,15 @@ def baseline_update(console: Console, errors: Console, result: Update, several: 
                      highlight=False)
 
 
+def failures(console: Console, summaries: list[Summary]) -> None:
+    """Under the table, each run that could not complete with its whole error (the table keeps
+    the first line): a server's last output, a traceback's last frames."""
+    for s in summaries:
+        if not s.ok and s.error and len(s.error.strip().splitlines()) > 1:
+            console.print(f"[red]{escape(s.label)}[/red]: {escape(s.error.strip())}",
+                          highlight=False)
+
+
 def details(console: Console, summaries: list[Summary]) -> None:
     """What `kvmem show` prints under the table: findings, the model, store statistics, noise."""
     for s in summaries:

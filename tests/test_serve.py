@@ -341,3 +341,18 @@ def test_a_variant_killed_mid_run_takes_its_server_with_it(tmp_path: Path,
     assert outcome.status == "failed" and outcome.error.startswith("timed out after 8 s")
     _, alive = psutil.wait_procs([psutil.Process(pid) for pid in servers()], timeout=5)
     assert not alive
+
+
+def test_kvmem_run_shows_a_server_that_exits_at_once_and_exits_2(tmp_path: Path,
+                                                                 model_path: str) -> None:
+    import yaml
+
+    path = tmp_path / "exits.yaml"
+    path.write_text(yaml.safe_dump(fake(
+        model_path, command="{python} -c \"import sys; sys.exit('no model here')\" {port}")))
+    done = subprocess.run([sys.executable, "-m", "harness", "run", str(path), "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "200"}, timeout=120)
+    assert done.returncode == 2
+    assert ("fake/default: the server exited with status 1 before its agent connected; the "
+            "server's last output:\nno model here") in done.stdout
