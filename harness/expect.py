@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .detect import DETECTORS, Finding, Presence, spike_ratios, transients
+from .detect import DETECTORS, IN_FLIGHT, Finding, Presence, spike_ratios, transients
 from .metrics import METRICS
 from .scenario import DetectSpec, ExpectSpec, SpikeBound
 
@@ -22,6 +22,8 @@ class Samples:
         self.frame: pd.DataFrame = frame
         self.findings: list[Finding] = findings
         self.base: int = int(frame["active"].iloc[0])
+        # The rows detectors judge: all but a server's samples in flight.
+        self.judged: pd.DataFrame = frame[~frame["phase"].isin(IN_FLIGHT)]
         decode = frame[frame["phase"] == "decode"]
         self.steady_row: pd.Series = decode.iloc[-1] if not decode.empty else frame.iloc[-1]
         self.steady: int = int(self.steady_row["active"]) - self.base

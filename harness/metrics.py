@@ -85,7 +85,10 @@ METRICS: dict[str, Metric] = {
     # Unreported memory at rest, per request or turn.
     "leak_rate": Metric(lambda s: s.leak_rate, per="req", gate=_EXACT_BYTES, kind=EXACT_KIND,
                         required=True),
-    "retained": Metric(lambda s: max(int((s.frame["active"] - s.base - s.frame["logical"]).max()), 0),
+    # The most active memory beyond what the components report, over the steps the detectors
+    # judge (a server's samples in flight are left out: there nothing reports the requests').
+    "retained": Metric(lambda s: max(int((s.judged["active"] - s.base
+                                          - s.judged["logical"]).max()), 0),
                        gate=_EXACT_BYTES, kind=EXACT_KIND, required=True),
     # RSS counts the interpreter, imported libraries and the MLX buffer cache.
     "rss_peak": Metric(lambda s: int(s.frame["rss"].max()), gate=Gate(rel=0.10, abs=64 * MiB),

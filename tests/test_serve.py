@@ -356,3 +356,25 @@ def test_kvmem_run_shows_a_server_that_exits_at_once_and_exits_2(tmp_path: Path,
     assert done.returncode == 2
     assert ("fake/default: the server exited with status 1 before its agent connected; the "
             "server's last output:\nno model here") in done.stdout
+
+
+def test_a_server_whose_kvmem_hangs_up_without_stop_ends_itself() -> None:
+    """Where no parent-death signal exists (macOS), the agent is what ends a server whose
+    kvmem is gone: a connection closed without `stop` kills the server's process group."""
+    key = os.urandom(32)
+    with Listener(("127.0.0.1", 0), authkey=key) as listener:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(AGENT_DIR), str(FIXTURES)]),
+               "KVMEM_AGENT": "{}:{}".format(*listener.address), "KVMEM_AGENT_KEY": key.hex()}
+        server = subprocess.Popen([sys.executable, "-m", "fake_server", "--port", "0"], env=env,
+                                  start_new_session=True)
+        try:
+            accepted: list = []
+            waiter = threading.Thread(target=lambda: accepted.append(listener.accept()))
+            waiter.start()
+            waiter.join(30)
+            accepted[0].recv()  # hello
+            accepted[0].close()  # gone, without a word
+            assert server.wait(10) == -9
+        finally:
+            server.kill()
+            server.wait()
