@@ -60,6 +60,17 @@ def _dense(name: str) -> dict:
             "head_dim": group["head_dim"], "vocab": geo.PRESETS[name]["vocab"]}
 
 
+# Qwen3.5's dense hybrid: three GatedDeltaNet layers (a fixed recurrent state each) then one
+# full-attention layer, repeated.
+_QWEN3_5 = {
+    "model_type": "qwen3_5", "hidden_size": 1024, "num_hidden_layers": 24,
+    "intermediate_size": 3584, "num_attention_heads": 8, "num_key_value_heads": 2,
+    "head_dim": 256, "vocab_size": 248320, "linear_num_value_heads": 16,
+    "linear_num_key_heads": 16, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4, "full_attention_interval": 4, "tie_word_embeddings": True,
+    "rms_norm_eps": 1e-6, "max_position_embeddings": 262144,
+}
+
 PRESETS: dict[str, dict] = {
     "qwen3-0.6b": _qwen3(1024, 16, 3072, tied=True, layers=28, kv_heads=8),
     "qwen3-8b": _qwen3(4096, 32, 12288, tied=False, **_dense("qwen3-8b")),
@@ -72,16 +83,7 @@ PRESETS: dict[str, dict] = {
         "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
         "max_position_embeddings": 32768,
     },
-    # Qwen3.5's dense hybrid: three GatedDeltaNet layers (a fixed recurrent state each) then
-    # one full-attention layer, repeated.
-    "qwen3.5-0.8b": {
-        "model_type": "qwen3_5", "hidden_size": 1024, "num_hidden_layers": 24,
-        "intermediate_size": 3584, "num_attention_heads": 8, "num_key_value_heads": 2,
-        "head_dim": 256, "vocab_size": 248320, "linear_num_value_heads": 16,
-        "linear_num_key_heads": 16, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
-        "linear_conv_kernel_dim": 4, "full_attention_interval": 4, "tie_word_embeddings": True,
-        "rms_norm_eps": 1e-6, "max_position_embeddings": 262144,
-    },
+    "qwen3.5-0.8b": _QWEN3_5,
     # Serve mode's dense model (`harness.model_folder` writes it as a folder `mlx_lm.server`
     # loads): 4 layers of 8 KV heads of 128, 16 KiB of KV a token in bfloat16, so one prompt-cache
     # entry of 300 tokens is ~5 MiB; hidden 64 and vocabulary 1024 keep the rest cheap on CPU.
@@ -91,12 +93,9 @@ PRESETS: dict[str, dict] = {
     # qwen3.5-0.8b's hybrid at serve mode's scale: three GatedDeltaNet layers (four heads of
     # 128, a 256 KiB float32 state each) then one full-attention layer of 8 KV heads of 128.
     "qwen3.5-tiny": {
-        "model_type": "qwen3_5", "hidden_size": 64, "num_hidden_layers": 4,
-        "intermediate_size": 192, "num_attention_heads": 8, "num_key_value_heads": 8,
-        "head_dim": 128, "vocab_size": 1024, "linear_num_value_heads": 4,
-        "linear_num_key_heads": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
-        "linear_conv_kernel_dim": 4, "full_attention_interval": 4, "tie_word_embeddings": True,
-        "rms_norm_eps": 1e-6, "max_position_embeddings": 40960,
+        **_QWEN3_5, "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 192,
+        "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 1024,
+        "linear_num_value_heads": 4, "linear_num_key_heads": 4, "max_position_embeddings": 40960,
     },
 }
 
