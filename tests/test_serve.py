@@ -73,7 +73,8 @@ def servers() -> set[int]:
     ({"server": {"command": "serve --model {model}"}},
      "server.command: the command must say where to listen with {port}"),
     ({"server": {"command": "serve --port {port} {weights}"}},
-     "server.command: unknown placeholder {weights}: expected {python}, {model}, {host}, {port}"),
+     "server.command: unknown placeholder {weights}: expected {python}, {model}, {model_dir}, "
+     "{model_name}, {host}, {port}"),
     ({"server": {"command": "serve 'unclosed {port}"}},
      "server.command: cannot split the command: No closing quotation"),
     ({"server": {"command": []}}, "server.command: expected a command line"),
@@ -97,6 +98,9 @@ def servers() -> set[int]:
     ({"workload": {"http": {"phases": [{"kind": "distinct", "requests": 2, "words": 8,
                                         "disconnect": 2}]}}},
      "phases.0.disconnect: a client disconnects mid-stream: set stream: true"),
+    ({"workload": {"http": {"model": "{name}", "phases": [
+        {"kind": "distinct", "requests": 1, "words": 8}]}}},
+     "workload.http.model: unknown placeholder {name}"),
     ({"workload": {"http": {"endpoint": "embeddings", "phases": [
         {"kind": "distinct", "requests": 1, "words": 8}]}}},
      "workload.http.endpoint: Input should be 'chat' or 'completions'"),
@@ -283,6 +287,20 @@ def test_a_leaking_server_is_a_leak_per_request(model_path: str, jitter: int) ->
     (leak,) = [f for f in findings if f.kind == "leak"]
     assert abs(leak.bytes - MiB) <= jitter
     assert "retained" not in {f.kind for f in findings}
+
+
+def test_requests_name_the_model_where_the_scenario_says(model_path: str) -> None:
+    """A server that routes by model name (omlx takes a folder's name) gets it in every
+    request; without it, the same server fails the first request."""
+    name = Path(model_path).name
+    scenario = fake(model_path, "--require-model", name, requests=2)
+    scenario["workload"]["http"]["model"] = "{model_name}"
+    engine, _, _, _ = serve_with_engine(make_spec(**scenario))
+    assert engine.facts()["requests"] == 2
+    unnamed = fake(model_path, "--require-model", name, requests=2)
+    with pytest.raises(RuntimeError, match="the server's first request failed: request -1: "
+                                           "HTTP 404"):
+        serve_with_engine(make_spec(**unnamed))
 
 
 def test_concurrent_clients_and_interrupted_streams(model_path: str) -> None:

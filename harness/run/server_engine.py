@@ -89,13 +89,19 @@ class ServerEngine:
         self._ready_s = 0.0
         self._rss_gap = 0
         self._last = (0, 0)  # the logical bytes and entries at the last sample
+        self._model_name: str | None = None  # what each request names (workload.http.model)
 
     # -- starting ---------------------------------------------------------------------------
 
+    def _values(self, port: int) -> dict[str, str]:
+        """What the placeholders of the command and of `workload.http.model` stand for."""
+        return {"python": sys.executable, "model": str(self.model),
+                "model_dir": str(self.model.parent), "model_name": self.model.name,
+                "host": HOST, "port": str(port)}
+
     def command(self, port: int) -> list[str]:
         """The server's command line with its placeholders filled in."""
-        values = {"python": sys.executable, "model": str(self.model), "host": HOST,
-                  "port": str(port)}
+        values = self._values(port)
         return [word.format(**values) for word in [*self.server.command, *self.server.args]]
 
     def _environment(self, address: tuple[str, int], key: bytes) -> dict[str, str]:
@@ -205,7 +211,8 @@ class ServerEngine:
                 time.sleep(0.1)
         warm = traffic.Call(-1, "Hello", self.http.endpoint, 1, False, None)
         try:
-            traffic.send(HOST, port, warm, max(deadline - time.monotonic(), 1.0))
+            traffic.send(HOST, port, warm, max(deadline - time.monotonic(), 1.0),
+                         self._model_name)
         except traffic.TrafficError as exc:
             self._check_alive("on its first request", wait=1.0)
             raise self._failure(f"the server's first request failed: {exc}") from None
@@ -251,7 +258,8 @@ class ServerEngine:
         where = {"request": call.index, "turn": call.turn}
         self._command({"op": "mark", **where}, f"at the start of request {call.index}")
         try:
-            reply = traffic.send(HOST, port, call, self.server.request_timeout)
+            reply = traffic.send(HOST, port, call, self.server.request_timeout,
+                                 self._model_name)
         except traffic.TrafficError as exc:
             self._check_alive(f"during request {call.index}", wait=1.0)
             raise self._failure(str(exc)) from None
@@ -287,6 +295,8 @@ class ServerEngine:
         deadline = began + self.server.ready_timeout
         with Listener((HOST, 0), authkey=key) as listener:
             port = free_port()
+            self._model_name = (None if self.http.model is None
+                                else self.http.model.format(**self._values(port)))
             self._launch(port, listener.address, key)
             self._connection = self._accept(listener, deadline)
         self._wait_ready(port, deadline)

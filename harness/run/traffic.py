@@ -131,9 +131,12 @@ def longest_context(http: HttpSpec) -> int:
     return longest
 
 
-def body(call: Call) -> dict:
-    """The JSON body of a call: greedy, so the same prompts give the same replies."""
+def body(call: Call, model: str | None = None) -> dict:
+    """The JSON body of a call, naming `model` if given: greedy, so the same prompts give the
+    same replies."""
     request: dict = {"max_tokens": call.max_tokens, "temperature": 0.0, "stream": call.stream}
+    if model is not None:
+        request["model"] = model
     if call.stream:
         request["stream_options"] = {"include_usage": True}
     if call.endpoint == "chat":
@@ -148,12 +151,12 @@ def body(call: Call) -> dict:
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
-def send(host: str, port: int, call: Call, timeout: float) -> Reply:
+def send(host: str, port: int, call: Call, timeout: float, model: str | None = None) -> Reply:
     """Send one call and read its reply (or as many chunks as the call reads before it
     disconnects); its session, if any, gains the user message and the reply."""
     connection = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
-        connection.request("POST", PATHS[call.endpoint], json.dumps(body(call)),
+        connection.request("POST", PATHS[call.endpoint], json.dumps(body(call, model)),
                            {"Content-Type": "application/json"})
         response = connection.getresponse()
         if response.status != 200:

@@ -27,7 +27,8 @@ Seconds = Annotated[float, Field(strict=True, gt=0.0, le=MAX_SECONDS, allow_inf_
 DEFAULT_COMMAND = "{python} -m mlx_lm.server --model {model} --host {host} --port {port}"
 # mlx_lm.server's prompt cache: its own byte count, what it holds by design.
 DEFAULT_LOGICAL = "mlx_lm.models.cache:LRUPromptCache.nbytes"
-PLACEHOLDERS = ("python", "model", "host", "port")
+# {model}: the model folder; {model_dir}: the folder holding it; {model_name}: its name.
+PLACEHOLDERS = ("python", "model", "model_dir", "model_name", "host", "port")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+$")
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
@@ -70,6 +71,18 @@ def _check_command(value: str | list[str]) -> list[str]:
         raise ValueError("the command must say where to listen with {port}: kvmem picks a free "
                          "port for each run")
     return words
+
+
+def _check_model_name(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ValueError("expected a model name (text)")
+    unknown = _placeholders([value]) - set(PLACEHOLDERS)
+    if unknown:
+        raise ValueError(f"unknown placeholder {{{sorted(unknown)[0]}}}: expected "
+                         + ", ".join(f"{{{p}}}" for p in PLACEHOLDERS))
+    return value
 
 
 def _check_import_path(value: str | None) -> str | None:
@@ -167,6 +180,9 @@ class HttpSpec(_Strict):
     `clients` requests sent together."""
 
     endpoint: Literal["chat", "completions"] = "chat"
+    # The model each request names, for servers that require one (placeholders as in the
+    # command: "{model_name}"); none is sent when unset.
+    model: Annotated[str | None, BeforeValidator(_check_model_name)] = None
     max_tokens: Tokens = 16
     clients: Clients = 1
     stream: Annotated[bool, Field(strict=True)] = False
