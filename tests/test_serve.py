@@ -396,3 +396,23 @@ def test_a_server_whose_kvmem_hangs_up_without_stop_ends_itself() -> None:
         finally:
             server.kill()
             server.wait()
+
+
+def test_an_unwritable_model_cache_fails_the_variant_in_one_line(tmp_path: Path,
+                                                                  monkeypatch) -> None:
+    """The folder kvmem writes for a preset cannot be written: the variant fails naming the
+    path, without a traceback."""
+    import yaml
+
+    blocked = tmp_path / "cache"
+    blocked.write_text("a file where the cache folder should be")
+    monkeypatch.setenv("KVMEM_CACHE", str(blocked))
+    scenario = {"name": "nocache", "engine": "server", "model": "qwen3-tiny",
+                "workload": {"http": {"phases": [{"kind": "distinct", "requests": 1,
+                                                  "words": 4}]}}}
+    path = tmp_path / "nocache.yaml"
+    path.write_text(yaml.safe_dump(scenario))
+    (variant,) = load_variants(path)
+    outcome = execute(variant, timeout=60)
+    assert outcome.status == "failed"
+    assert str(blocked) in outcome.error and "Traceback" not in outcome.error

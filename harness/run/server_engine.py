@@ -77,7 +77,10 @@ class ServerEngine:
         self.progress = progress
         choice = spec.model.choice()
         self.geometry, self.weights = models.describe(choice)
-        self.model = folder(choice)
+        try:
+            self.model = folder(choice)
+        except models.ModelError as exc:  # an unwritable cache: its message names the path
+            raise ServerError(str(exc)) from None
         self._workdir = Path(tempfile.mkdtemp(prefix="kvmem-server-"))
         self._log = self._workdir / "server.log"
         self._process: subprocess.Popen | None = None

@@ -139,11 +139,10 @@ def body(call: Call, model: str | None = None) -> dict:
         request["model"] = model
     if call.stream:
         request["stream_options"] = {"include_usage": True}
+    history = call.session.messages if call.session is not None else []
     if call.endpoint == "chat":
-        history = call.session.messages if call.session is not None else []
         request["messages"] = [*history, {"role": "user", "content": call.text}]
     else:
-        history = call.session.messages if call.session is not None else []
         request["prompt"] = " ".join([*(m["content"] for m in history), call.text])
     return request
 
