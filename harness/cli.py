@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import NoReturn
 
 from rich.console import Console
@@ -28,7 +28,15 @@ from .components import import_paths
 from .echo import MAX_ECHO, clip, echo
 from .files import atomic_text
 from .gate import baseline
-from .gate.compare import CompareError, Comparison, compare, fraction, head_failed, size
+from .gate.compare import (
+    ACCEPT_LABEL,
+    CompareError,
+    Comparison,
+    compare,
+    fraction,
+    head_failed,
+    size,
+)
 from .gate.history import DEFAULT_METRICS, EXPORTERS, load_runs, write_history
 from .gate.render import RENDERERS, render_text
 from .metrics import gated
@@ -44,6 +52,7 @@ DEFAULT_SCENARIOS = Path("scenarios")
 MAX_JOBS = 1024
 MAX_RUNS = 1000
 MAX_SHARDS = 1000
+MAX_REASON = 500
 
 
 def _variants(paths: Sequence[str | Path], only: list[str] | None = None,
@@ -195,7 +204,7 @@ def _baseline_update(args: argparse.Namespace, console: Console) -> int:
     unchanged`; a failed run is listed and not recorded (exit 2)."""
     errors = Console(stderr=True, soft_wrap=True)
     summaries = _suite_summaries(args, errors)
-    result = baseline.store(summaries, Path(args.dir), args.allow_failed)
+    result = baseline.store(summaries, Path(args.dir), args.reason, baseline.recorder())
     term.baseline_update(console, errors, result, several=len({s.backend for s in summaries}) > 1)
     return 2 if result.refused else 0
 
@@ -207,6 +216,53 @@ def _baseline_check(args: argparse.Namespace, console: Console) -> int:
     # Reports given with --from (the nightly's merged shards) stand for the whole suite.
     base = baseline.load_baselines(Path(args.dir), head, partial=bool(args.paths))
     return _emit(compare(base, head, rel, abs_), args, console)
+
+
+def _gate_pr(args: argparse.Namespace, console: Console) -> int:
+    """The pull-request check: the head's runs (or `--from` reports) against the baselines
+    committed at --base, with the changes the head makes to them. Exit 0 pass, 1 a regression
+    or a rejected change, 2 bad input or a run that did not complete (after writing the
+    comment, which says which)."""
+    from .gate import git, pr
+
+    errors = Console(stderr=True, soft_wrap=True)
+    top = git.toplevel(Path.cwd())
+    sha = git.commit(args.base, top)
+    root = Path(args.dir).resolve()
+    if top not in (root, *root.parents):
+        raise CompareError(f"--dir {args.dir}: not inside the repository at {top}")
+    folder = PurePosixPath(root.relative_to(top).as_posix())
+    paths = args.paths or [str(DEFAULT_SCENARIOS)]
+    if args.source:
+        head = load_summaries(args.source)
+        if not head:
+            raise CompareError(f"{args.source}: no summaries found")
+    else:
+        variants = _variants(paths, console=errors)
+        from .run.suite import run_variants
+
+        head = run_variants(variants, Path(args.reports), errors, jobs=args.jobs)
+        errors.print(term.results(head))
+        term.failures(errors, head)
+    covered = [PurePosixPath(os.path.normpath(os.path.relpath(p))) for p in paths]
+    backends = {s.backend for s in head}
+    keep = lambda found: {path: s for path, s in found.items()
+                          if pr.selected([s], covered, backends)}
+    old = keep(pr.parse_baselines(git.read_folder(sha, top, folder), f"{args.base}:{folder}"))
+    new = keep(pr.parse_baselines(pr.read_tree(root), args.dir))
+    rel, abs_ = _tolerance_flags(args)
+    comparison = pr.judge(compare(list(old.values()), head, rel, abs_), old, new, args.accept)
+    comparison.artifact_url = args.artifact_url or os.environ.get("KVMEM_ARTIFACT_URL") or None
+    out = Path(args.out)
+    for name, fmt in (("memory-delta.md", "markdown"), ("memory-delta.json", "json"),
+                      ("memory-delta.xml", "junit")):
+        try:
+            atomic_text(out / name, RENDERERS[fmt](comparison))
+        except OSError as exc:
+            raise ReportError(f"{out / name}: cannot write: {exc.strerror or exc}") from None
+    sys.stdout.write(render_text(comparison))
+    console.print(f"comment, JSON and JUnit written under {out}/", highlight=False)
+    return 2 if any(not s.ok for s in head) else comparison.exit_code
 
 
 def _noise(args: argparse.Namespace, console: Console) -> int:
@@ -346,10 +402,42 @@ def parser() -> argparse.ArgumentParser:
     update.add_argument("--runs", type=_whole("runs", 1, MAX_RUNS), default=1, metavar="N",
                         help="run each variant N times and record the median run with the "
                              "measured spread of peak and spike (default: 1)")
-    update.add_argument("--allow-failed", action="store_true",
-                        help="record a completed run whose expectations failed (a run that "
-                             "did not complete is never recorded)")
+    update.add_argument("--reason", required=True, type=_reason, metavar="TEXT",
+                        help="why the baselines change: recorded in each file written and "
+                             "shown beside the change by `gate pr`")
     _gate_options(check)
+
+    gate = sub.add_parser("gate", help="the pull-request check")
+    checks = gate.add_subparsers(dest="check", required=True)
+    pull = checks.add_parser(
+        "pr", help="run the head's scenarios and judge them against the baselines committed "
+                   "at --base; exit 1 on a regression or an unaccepted change",
+        description="What CI says of a pull request, run in a checkout of its branch. The "
+                    "baselines are read from git at --base, never from the working tree; every "
+                    "change the branch makes to baselines, tolerances, expectations, detector "
+                    "thresholds or the set of variants is listed, and one that loosens them "
+                    f"fails unless --accept (the pull request's `{ACCEPT_LABEL}` label) is given.")
+    pull.add_argument("paths", nargs="*", metavar="PATH",
+                      help="scenario files or folders (default: scenarios)")
+    pull.add_argument("--base", required=True, metavar="REF",
+                      help="the target branch's revision, e.g. origin/main")
+    pull.add_argument("--accept", action="store_true",
+                      help=f"the maintainers accept the changes (the `{ACCEPT_LABEL}` label)")
+    pull.add_argument("--from", dest="source", metavar="REPORTS",
+                      help="judge the summaries under REPORTS instead of running the scenarios")
+    pull.add_argument("--dir", default="baselines", help="baselines folder (default: baselines)")
+    pull.add_argument("--reports", default="reports",
+                      help="where the runs' reports go (default: reports)")
+    pull.add_argument("--out", default="kvmem-gate",
+                      help="folder for memory-delta.md, .json and .xml (default: kvmem-gate)")
+    for flag, example in (("--rel", "METRIC=X"), ("--abs", "METRIC=SIZE")):
+        pull.add_argument(flag, action="append", default=[], metavar=example,
+                          help=f"override a tolerance, as in `compare` ({flag} peak=...)")
+    pull.add_argument("--artifact-url", metavar="URL",
+                      help="where the run's plots are: linked from the comment (default: "
+                           "$KVMEM_ARTIFACT_URL)")
+    _jobs_option(pull)
+    pull.set_defaults(handler=_gate_pr)
 
     noisy = sub.add_parser(
         "noise", help="run each variant N times and report the spread of peak and spike")
@@ -405,6 +493,14 @@ def _shard(text: str) -> tuple[int, int]:
         return int(index), int(count)
     raise argparse.ArgumentTypeError(f"expected I/N with whole numbers 1 <= I <= N <= "
                                      f"{MAX_SHARDS}, got {echo(text)}")
+
+
+def _reason(text: str) -> str:
+    """A reason to record: some words, one line."""
+    if not text.strip() or "\n" in text or len(text) > MAX_REASON:
+        raise argparse.ArgumentTypeError(f"expected one line of up to {MAX_REASON} characters "
+                                         f"saying why, got {echo(text)}")
+    return text.strip()
 
 
 def _seconds(text: str) -> float:

@@ -103,6 +103,16 @@ class ModelFacts:
 
 
 @dataclass(frozen=True)
+class Recorded:
+    """Who recorded a baseline, when and why (`baseline update --reason`): the gate lists it
+    beside each baseline a pull request changes."""
+
+    by: str
+    at: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Summary:
     """One variant's summary, from `path` (where it was read, or where its report goes)."""
 
@@ -118,12 +128,14 @@ class Summary:
     findings: tuple[FindingRecord, ...]
     expectations: tuple[Expectation, ...]
     compare: dict[str, Any]
+    detect: dict[str, Any] | None  # each detector's thresholds as applied; None in older runs
     environment: Environment
     noise_block: NoiseBlock | None
     model: ModelFacts | None
     store_stats: dict[str, Any] | None
     series: tuple[float, ...]
     scenario_file: str | None
+    recorded: Recorded | None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -247,6 +259,10 @@ def _typed(path: Path, data: dict) -> Summary:
     compare = data.get("compare") or {}
     if not isinstance(compare, dict):
         raise _Invalid(f"compare: expected an object of metric tolerances, got {_brief(compare)}")
+    detect = data.get("detect")
+    if not isinstance(detect, (dict, type(None))) or not all(
+            isinstance(v, dict) for v in (detect or {}).values()):
+        raise _Invalid(f"detect: expected an object of detector thresholds, got {_brief(detect)}")
     environment = _environment(data.get("environment"))
     series = (data.get("series") or {}).get("active") if isinstance(data.get("series"), dict) else None
     stats = data.get("store_stats")
@@ -254,10 +270,21 @@ def _typed(path: Path, data: dict) -> Summary:
         path=path, raw=data, scenario=data["scenario"], variant=data["variant"],
         status=data["status"], error=error, exit_status=_count(data.get("exit_status")),
         recorded_passed=recorded, metrics=metrics, findings=findings, expectations=expectations,
-        compare=compare, environment=environment, noise_block=_noise(data.get("noise")),
+        compare=compare, detect=detect, environment=environment, noise_block=_noise(data.get("noise")),
         model=_model(data.get("model")), store_stats=stats if isinstance(stats, dict) else None,
         series=tuple(v for v in series if finite(v)) if isinstance(series, list) else (),
-        scenario_file=data.get("scenario_file") if isinstance(data.get("scenario_file"), str) else None)
+        scenario_file=data.get("scenario_file") if isinstance(data.get("scenario_file"), str) else None,
+        recorded=_recorded(data.get("recorded")))
+
+
+def _recorded(block: object) -> Recorded | None:
+    """The `recorded` block a baseline carries, or None; malformed is bad input."""
+    if block is None:
+        return None
+    if not isinstance(block, dict) or not all(isinstance(block.get(k), str)
+                                              for k in ("by", "at", "reason")):
+        raise _Invalid(f"recorded: expected {{by, at, reason}} as text, got {_brief(block)}")
+    return Recorded(block["by"], block["at"], block["reason"])
 
 
 def _optional(data: dict, name: str, kind: type, what: str) -> Any:
@@ -353,9 +380,17 @@ def _brief(value: Any) -> str:
 def read_summary(path: Path) -> Summary:
     """Load and check one summary, naming the file in every error."""
     try:
-        data = json.loads(Path(path).read_bytes().decode("utf-8"))
+        content = Path(path).read_bytes()
     except OSError as exc:
         raise SummaryError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return summary_from_bytes(path, content)
+
+
+def summary_from_bytes(path: Path, content: bytes) -> Summary:
+    """A summary from a file's bytes (read from disk, or from git at a revision), checked; bad
+    input names `path`."""
+    try:
+        data = json.loads(content.decode("utf-8"))
     except UnicodeDecodeError:
         raise SummaryError(f"{path}: not a valid summary (not UTF-8 text)") from None
     except RecursionError:

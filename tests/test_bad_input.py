@@ -409,7 +409,7 @@ def test_a_head_whose_summaries_lost_their_environment_fails_the_gate(tmp_path, 
 def test_baseline_update_refuses_summaries_without_an_environment(tmp_path, capsys):
     data = {k: v for k, v in gate_summaries.summary("s", "v").items() if k != "environment"}
     reports = _folder(tmp_path / "reports", data)
-    assert main(["baseline", "update", "--from", str(reports),
+    assert main(["baseline", "update", "--reason", "test", "--from", str(reports),
                  "--dir", str(tmp_path / "baselines")]) == 2
     assert "no 'environment' object" in _one_line_error(capsys)
     assert not (tmp_path / "baselines").exists()  # nothing filed under a backend named '?'
@@ -420,7 +420,7 @@ def test_baseline_update_refuses_two_summaries_of_one_variant(tmp_path, capsys):
     reports = tmp_path / "reports"
     for shard, peak in (("one", 10), ("two", 20)):
         _folder(reports / shard, gate_summaries.summary("s", "v", peak=peak * gate_summaries.MiB))
-    assert main(["baseline", "update", "--from", str(reports),
+    assert main(["baseline", "update", "--reason", "test", "--from", str(reports),
                  "--dir", str(tmp_path / "baselines")]) == 2
     message = _one_line_error(capsys)
     assert (f"two summaries for s/v on backend cpu: {reports / 'one/s/v/summary.json'} and "
@@ -548,7 +548,7 @@ def test_a_scenario_file_given_twice_is_refused_before_anything_runs(tmp_path, c
     path.write_text(TINY)
     paths = [t.format(f=path, d=folder) for t in twice]
     for command in (["run", *paths, "--out", str(tmp_path / "out")],
-                    ["baseline", "update", *paths, "--dir", str(tmp_path / "baselines")]):
+                    ["baseline", "update", "--reason", "test", *paths, "--dir", str(tmp_path / "baselines")]):
         assert main(command) == 2
         assert _one_line_error(capsys) == (
             f"error: {path}: given twice (among the paths, or in a folder given too); each "

@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
 from harness.cli import main
+from harness.gate import baseline
 from tests.summaries import TRIM_SCENARIO, MiB, summary, write
+
+UPDATE = ["baseline", "update", "--reason", "test"]
 
 
 def cli(argv: list[str], capsys) -> tuple[int, str, str]:
-    code = main(argv)
+    """Exit status, stdout and stderr of one command (argparse's refusals included)."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 2
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -28,7 +36,7 @@ def reports(tmp_path):
 
 
 def test_update_writes_one_file_per_backend_scenario_variant(reports, tmp_path, capsys):
-    code, out, err = cli(["baseline", "update", "--from", str(reports),
+    code, out, err = cli([*UPDATE, "--from", str(reports),
                           "--dir", str(tmp_path / "baselines")], capsys)
     assert code == 2                                  # a failed run cannot be a baseline
     assert err == ("error: crash/v on cpu: failed (child died with signal 11): no baseline "
@@ -40,7 +48,10 @@ def test_update_writes_one_file_per_backend_scenario_variant(reports, tmp_path, 
     assert out.splitlines() == ["added rotating/after on metal", "added trim/after on cpu",
                                 "added trim/before on cpu"]
     stored = json.loads((tmp_path / "baselines/cpu/trim/before.json").read_text())
+    recorded = stored.pop("recorded")               # who, when and why, beside the run's own
     assert stored == json.loads((reports / "trim/before/summary.json").read_text())
+    assert (recorded["reason"], recorded["by"]) == ("test", baseline.recorder())
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", recorded["at"])
 
 
 def test_update_replaces_atomically(reports, tmp_path, capsys, monkeypatch):
@@ -53,14 +64,14 @@ def test_update_replaces_atomically(reports, tmp_path, capsys, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "replace", full_disk)
-    code, _, err = cli(["baseline", "update", "--from", str(reports / "trim"),
+    code, _, err = cli([*UPDATE, "--from", str(reports / "trim"),
                         "--dir", str(tmp_path / "baselines")], capsys)
     assert code == 2 and "cannot write: No space left on device" in err
     assert target.read_text() == "old"
     assert sorted(p.name for p in target.parent.iterdir()) == ["after.json"]   # no temp left
 
     monkeypatch.setattr(os, "replace", real_replace)
-    code, _, _ = cli(["baseline", "update", "--from", str(reports / "trim"),
+    code, _, _ = cli([*UPDATE, "--from", str(reports / "trim"),
                       "--dir", str(tmp_path / "baselines")], capsys)
     assert code == 0 and json.loads(target.read_text())["variant"] == "after"
     assert sorted(p.name for p in target.parent.iterdir()) == ["after.json", "before.json"]
@@ -69,7 +80,7 @@ def test_update_replaces_atomically(reports, tmp_path, capsys, monkeypatch):
 def test_check_against_stored_baselines(reports, tmp_path, capsys):
     baselines = str(tmp_path / "baselines")
     write(reports, summary("grow", "kv"))
-    cli(["baseline", "update", "--from", str(reports), "--dir", baselines], capsys)
+    cli([*UPDATE, "--from", str(reports), "--dir", baselines], capsys)
     code, out, _ = cli(["baseline", "check", "--from", str(reports / "trim"), "--dir", baselines],
                        capsys)
     # Reports given with --from stand for the whole suite: grow/kv, which they lack, is listed.
@@ -102,7 +113,7 @@ def test_update_then_check_runs_the_suite(tmp_path, capsys, monkeypatch):
                        (buggy, TRIM_SCENARIO.replace("trim: copy", "trim: slice"))):
         path.parent.mkdir()
         path.write_text(text)
-    code, out, _ = cli(["baseline", "update"], capsys)
+    code, out, _ = cli(UPDATE, capsys)
     assert (code, out) == (0, "added gate_trim/after\n")
     assert (tmp_path / "baselines" / "cpu" / "gate_trim" / "after.json").is_file()
 
@@ -154,7 +165,7 @@ def test_update_never_writes_outside_its_folder(tmp_path, capsys, field, value, 
     bad = reports / "hand" / "written" / "summary.json"      # placed by hand, not by its names
     bad.parent.mkdir(parents=True)
     bad.write_text(json.dumps(data))
-    code, out, err = cli(["baseline", "update", "--from", str(reports),
+    code, out, err = cli([*UPDATE, "--from", str(reports),
                           "--dir", str(tmp_path / "deep" / "baselines")], capsys)
     assert (code, out) == (2, "")
     assert err == (f"error: {bad}: {field} {value!r} {reason}: it must be one plain name to "
@@ -168,7 +179,7 @@ def test_update_never_writes_outside_its_folder(tmp_path, capsys, field, value, 
 def test_update_refuses_an_ok_run_without_metrics(reports, tmp_path, capsys):
     empty = {**summary("trim", "after"), "metrics": {}}     # a child that stopped early
     (reports / "trim" / "after" / "summary.json").write_text(json.dumps(empty))
-    code, out, err = cli(["baseline", "update", "--from", str(reports / "trim"),
+    code, out, err = cli([*UPDATE, "--from", str(reports / "trim"),
                           "--dir", str(tmp_path / "baselines")], capsys)
     assert (code, out) == (2, "")
     assert err.startswith(f"error: {reports / 'trim' / 'after' / 'summary.json'}: not a valid "
@@ -178,7 +189,7 @@ def test_update_refuses_an_ok_run_without_metrics(reports, tmp_path, capsys):
 
 def test_check_never_reads_interrupted_writes(reports, tmp_path, capsys):
     baselines = tmp_path / "baselines"
-    cli(["baseline", "update", "--from", str(reports / "trim"), "--dir", str(baselines)], capsys)
+    cli([*UPDATE, "--from", str(reports / "trim"), "--dir", str(baselines)], capsys)
     folder = baselines / "cpu" / "trim"
     (folder / ".after.json.x7c2b1.json").write_text('{"schema": 1, "scenario": "tr')
     (folder / ".before.json.9f8e7d.json").write_text(json.dumps(summary("trim", "before",
@@ -189,15 +200,14 @@ def test_check_never_reads_interrupted_writes(reports, tmp_path, capsys):
 
 
 def test_update_runs_option(reports, tmp_path, capsys):
-    code, out, err = cli(["baseline", "update", "--runs", "3", "--from", str(reports),
+    code, out, err = cli([*UPDATE, "--runs", "3", "--from", str(reports),
                           "--dir", str(tmp_path / "baselines")], capsys)
     assert (code, out) == (2, "")
     assert err == ("error: --runs 3 measures by running the suite; it cannot be combined with "
                    "--from (record `kvmem noise` reports instead)\n")
-    with pytest.raises(SystemExit) as exit_info:
-        cli(["baseline", "update", "--runs", "0"], capsys)
-    assert exit_info.value.code == 2
-    assert "--runs: expected a whole number of runs from 1 to 1000, got '0'" in capsys.readouterr().err
+    code, _, err = cli([*UPDATE, "--runs", "0"], capsys)
+    assert code == 2
+    assert "--runs: expected a whole number of runs from 1 to 1000, got '0'" in err
 
 
 # Accepting an intended change: update rewrites only what changed, and the gate then passes.
@@ -211,7 +221,7 @@ def test_an_intended_change_is_recorded_and_then_passes(tmp_path, capsys):
     for item in (summary("cache", "grow", peak=100 * MiB, steady=64 * MiB),
                  summary("cache", "same", peak=100 * MiB), summary("chat", "v")):
         write(tmp_path / "base", item)
-    code, out, err = cli(["baseline", "update", "--from", base, "--dir", baselines], capsys)
+    code, out, err = cli([*UPDATE, "--from", base, "--dir", baselines], capsys)
     assert (code, out, err) == (0, "added cache/grow\nadded cache/same\nadded chat/v\n", "")
     recorded = files(tmp_path / "baselines")
 
@@ -224,7 +234,7 @@ def test_an_intended_change_is_recorded_and_then_passes(tmp_path, capsys):
     code, out, _ = cli(["baseline", "check", "--from", head, "--dir", baselines], capsys)
     assert code == 1 and out.splitlines()[0] == "🔴 kvmem: memory regression in 1 of 4 variants; 1 new"
 
-    code, out, err = cli(["baseline", "update", "--from", head, "--dir", baselines], capsys)
+    code, out, err = cli([*UPDATE, "--from", head, "--dir", baselines], capsys)
     assert (code, err) == (0, "")
     assert out.splitlines() == ["updated cache/grow (peak +12 MiB, steady +4 KiB)",
                                 "added chat/w", "kept 2 unchanged"]
@@ -240,7 +250,7 @@ def test_an_intended_change_is_recorded_and_then_passes(tmp_path, capsys):
     assert (code, out) == (0, "✅ kvmem: no change (4 variants compared)\n")
     code, out, _ = cli(["compare", baselines, head], capsys)
     assert (code, out) == (0, "✅ kvmem: no change (4 variants compared)\n")
-    code, out, _ = cli(["baseline", "update", "--from", head, "--dir", baselines], capsys)
+    code, out, _ = cli([*UPDATE, "--from", head, "--dir", baselines], capsys)
     assert (code, out) == (0, "kept 4 unchanged\n")
     assert files(tmp_path / "baselines") == now
 
@@ -248,22 +258,30 @@ def test_an_intended_change_is_recorded_and_then_passes(tmp_path, capsys):
 def test_update_records_changed_tolerances_and_a_wider_spread(tmp_path, capsys):
     baselines = str(tmp_path / "baselines")
     write(tmp_path / "one", summary("s", "v", peak=300 * MiB))
-    cli(["baseline", "update", "--from", str(tmp_path / "one"), "--dir", baselines], capsys)
+    cli([*UPDATE, "--from", str(tmp_path / "one"), "--dir", baselines], capsys)
     loose = summary("s", "v", peak=300 * MiB, compare={"peak": {"abs": "16 MiB"}})
     write(tmp_path / "two", loose)
-    code, out, _ = cli(["baseline", "update", "--from", str(tmp_path / "two"), "--dir", baselines],
+    code, out, _ = cli([*UPDATE, "--from", str(tmp_path / "two"), "--dir", baselines],
                        capsys)
-    assert (code, out) == (0, "updated s/v (compare.peak)\n")
+    assert (code, out) == (0, "updated s/v (compare.peak 4 MiB → 16 MiB)\n")
 
-    spread = {"runs": 5, "nondeterministic": {}, "passed": 5,
-              "peak": {"min": 292 * MiB, "max": 300 * MiB, "spread": 8 * MiB, "values": []}}
+    def spread_of(size: int) -> dict:
+        return {"runs": 5, "nondeterministic": {}, "passed": 5,
+                "peak": {"min": 300 * MiB - size, "max": 300 * MiB, "spread": size, "values": []}}
+
+    # 1.5 x 8 MiB is under the 16 MiB floor: the gate would apply the same tolerance
+    write(tmp_path / "under", {**loose, "noise": spread_of(8 * MiB)})
+    code, out, _ = cli([*UPDATE, "--from", str(tmp_path / "under"),
+                        "--dir", baselines], capsys)
+    assert (code, out) == (0, "kept 1 unchanged\n")
+    spread = spread_of(16 * MiB)                        # 24 MiB: wider than the floor
     write(tmp_path / "three", {**loose, "noise": spread})
-    code, out, _ = cli(["baseline", "update", "--from", str(tmp_path / "three"), "--dir",
+    code, out, _ = cli([*UPDATE, "--from", str(tmp_path / "three"), "--dir",
                         baselines], capsys)
-    assert (code, out) == (0, "updated s/v (peak spread 8 MiB over 5 runs)\n")
+    assert (code, out) == (0, "updated s/v (peak spread 16 MiB over 5 runs)\n")
     narrower = {**spread, "peak": {**spread["peak"], "spread": 2 * MiB}}
     write(tmp_path / "four", {**loose, "noise": narrower})
-    code, out, _ = cli(["baseline", "update", "--from", str(tmp_path / "four"), "--dir",
+    code, out, _ = cli([*UPDATE, "--from", str(tmp_path / "four"), "--dir",
                         baselines], capsys)
     assert (code, out) == (0, "kept 1 unchanged\n")      # the recorded, wider spread stays
 
@@ -275,24 +293,28 @@ def _failing(data: dict) -> dict:
     return data
 
 
-def test_update_refuses_a_failed_run_unless_allowed(tmp_path, capsys):
+def test_update_refuses_a_failed_run(tmp_path, capsys):
     reports, baselines = tmp_path / "reports", str(tmp_path / "baselines")
     write(reports, _failing(summary("trim", "after", retained=8 * MiB)))
     write(reports, summary("trim", "crash", status="refused"))
     write(reports, summary("trim", "fine"))
-    code, out, err = cli(["baseline", "update", "--from", str(reports), "--dir", baselines],
+    code, out, err = cli([*UPDATE, "--from", str(reports), "--dir", baselines],
                          capsys)
     assert (code, out) == (2, "added trim/fine\n")
     assert err.splitlines() == [
-        "error: trim/after: expectations failed (retained: expected none, got detected); record "
-        "it anyway with --allow-failed: no baseline written",
+        "error: trim/after: expectations failed (retained: expected none, got detected); a "
+        "baseline records only a run that meets them: fix the run, or state what it should "
+        "expect in its scenario: no baseline written",
         "error: trim/crash: refused (child died with signal 11): no baseline written"]
     assert sorted(files(tmp_path / "baselines")) == ["cpu/trim/fine.json"]
+    code, _, err = cli([*UPDATE, "--from", str(reports), "--dir",
+                        baselines, "--allow-failed"], capsys)  # no switch records it anyway
+    assert (code, err) == (2, "error: kvmem: unrecognized arguments: --allow-failed\n")
 
-    code, out, err = cli(["baseline", "update", "--from", str(reports), "--dir", baselines,
-                          "--allow-failed"], capsys)
-    assert (code, out) == (2, "added trim/after\nkept 1 unchanged\n")   # a refused run: never
-    assert err.splitlines() == [
-        "warning: trim/after: recorded although its expectations failed (--allow-failed)",
-        "error: trim/crash: refused (child died with signal 11): no baseline written"]
-    assert sorted(files(tmp_path / "baselines")) == ["cpu/trim/after.json", "cpu/trim/fine.json"]
+
+@pytest.mark.parametrize("reason", ["", "   ", "two\nlines", "x" * 501])
+def test_update_asks_for_a_reason_of_one_line(tmp_path, capsys, reason):
+    code, _, err = cli(["baseline", "update", "--reason", reason, "--from", str(tmp_path)], capsys)
+    assert code == 2
+    assert err.startswith("error: kvmem baseline update: argument --reason: expected one line of "
+                          "up to 500 characters saying why, got ")

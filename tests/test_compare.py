@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
@@ -140,7 +141,8 @@ def test_new_removed_and_failed_are_listed(tmp_path, capsys):
     assert out.startswith("🔴 kvmem: memory regression in 1 of 4 variants; 1 new, 1 removed, 1 failed")
 
 
-def test_failed_on_both_sides_is_listed_not_a_regression():
+def test_a_head_that_did_not_complete_fails_even_where_the_base_failed_too():
+    """A failure cannot be recorded away: a base that failed the same way does not excuse it."""
     failed = summary("s", "v", status="refused")
     failed["error"] = "estimated footprint 30.00 GiB exceeds the 20.00 GiB available\nTraceback"
     comparison = pair(failed, failed)
@@ -148,7 +150,24 @@ def test_failed_on_both_sides_is_listed_not_a_regression():
     assert comparison.entries[0].note == (
         "base refused: estimated footprint 30.00 GiB exceeds the 20.00 GiB available; "
         "head refused: estimated footprint 30.00 GiB exceeds the 20.00 GiB available")
-    assert comparison.exit_code == 0
+    assert comparison.entries[0].failure == (
+        "refused: estimated footprint 30.00 GiB exceeds the 20.00 GiB available")
+    assert comparison.exit_code == 1
+
+
+def test_a_head_that_breaks_its_own_expectations_is_a_regression_whatever_its_figures():
+    """A canary whose detector was blinded has lower figures than its base: it still fails."""
+    base = summary("s", "v", peak=20 * MiB)
+    blinded = summary("s", "v", peak=10 * MiB)
+    blinded["expectations"] = [{"name": "leak", "expected": "detected", "actual": "none",
+                                "ok": False, "message": "no leak finding"}]
+    blinded["passed"] = False
+    entry = pair(base, blinded).entries[0]
+    assert [d.verdict for d in entry.changed] == ["improvement"]
+    assert entry.failure == "fails its own expectations (leak: expected detected, got none)"
+    assert entry.verdict == "regression"
+    comparison = cmp.compare([], [parse(Path("head.json"), blinded)])
+    assert (comparison.entries[0].state, comparison.exit_code) == (cmp.NEW, 1)
 
 
 def test_backend_mismatch_is_said_and_never_a_regression(tmp_path, capsys):

@@ -107,7 +107,7 @@ def test_noise_then_baseline_update_then_compare(tmp_path, capsys, monkeypatch):
                              "spread": max(peaks) - min(peaks), "values": peaks}
     assert len(noise["largest_spike"]["values"]) == 2
 
-    code = main(["baseline", "update", "--from", "reports-noise"])
+    code = main(["baseline", "update", "--reason", "test", "--from", "reports-noise"])
     assert (code, capsys.readouterr().out) == (0, "added tiny/only\n")
     stored = json.loads((tmp_path / "baselines/cpu/tiny/only.json").read_text())
     assert stored["noise"] == noise

@@ -9,15 +9,20 @@ an update never writes outside its folder.
 An update rewrites only what changed, so its diff in a pull request shows the intended change
 and nothing else: each new summary is compared with the baseline it would replace by the gate
 itself (`compare`, the old baseline's tolerances), and the file is rewritten only when a figure
-moved beyond tolerance, when the scenario's tolerances or expectations changed, or when a
-repeated measurement recorded a wider spread than the baseline holds. Every other file keeps
-its bytes. A run that failed is never recorded: one that did not complete (crashed, refused,
-timed out) never, one whose expectations failed only with `allow_failed`.
+moved beyond tolerance, when the scenario's tolerances, expectations or detector thresholds
+changed, or when a repeated measurement's wider spread widens a tolerance the gate applies (a
+spread that moved by a few bytes under the floor changes nothing). Every other file keeps its
+bytes. Each file written records who recorded it, when, and the reason given (`recorded`),
+which `gate pr` shows beside the change. A run that failed is never recorded: neither one that
+did not complete (crashed, refused, timed out) nor one whose expectations failed.
 """
 
 from __future__ import annotations
 
+import getpass
+import subprocess
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 from ..echo import echo
@@ -68,26 +73,46 @@ class Update:
     refused: list[tuple[Summary, str]] = field(default_factory=list)
 
 
-def refusal(summary: Summary, allow_failed: bool) -> str | None:
-    """Why a run cannot be a baseline, or None: it did not complete (never recorded), or its
-    expectations failed (recorded only with `allow_failed`)."""
+def refusal(summary: Summary) -> str | None:
+    """Why a run cannot be a baseline, or None: it did not complete, or its expectations
+    failed (a baseline that fails would let the gate call the failure "no change")."""
     if not summary.ok:
         error = (summary.error or "").strip().splitlines()
         return f"{summary.status} ({error[0] if error else 'no error recorded'})"
-    if not allow_failed and not summary.passed:
+    if not summary.passed:
         failed = "; ".join(e.describe() for e in summary.failed_expectations) or "passed: false"
-        return f"expectations failed ({failed}); record it anyway with --allow-failed"
+        return (f"expectations failed ({failed}); a baseline records only a run that meets "
+                "them: fix the run, or state what it should expect in its scenario")
     return None
 
 
 def _spread_reasons(old: Summary, new: Summary) -> list[str]:
-    """The measured spreads the new run records beyond what the old baseline holds."""
+    """The measured spreads the new run records that widen a tolerance beyond what the old
+    baseline's spread does (as `compare` applies them: the floor, scaled, widened by 1.5x
+    the spread)."""
     reasons = []
+    limits = tolerances(old)
     for name in NOISY:
-        now, before = new.noise(name), old.noise(name)
-        if now is not None and (before is None or now.spread > before.spread):
+        now, limit = new.noise(name), limits[name].scaled(old.metric("peak"))
+        if now is not None and limit.widened(now).abs > limit.widened(old.noise(name)).abs:
             reasons.append(f"{name} spread {format_bytes(now.spread)} over {now.runs} runs")
     return reasons
+
+
+def recorder() -> str:
+    """Who records: git's `user.name <user.email>` where set, else the login name."""
+    try:
+        found = [subprocess.run(["git", "config", key], capture_output=True, text=True,
+                                check=False).stdout.strip() for key in ("user.name", "user.email")]
+    except OSError:
+        found = ["", ""]
+    name, email = found
+    if name:
+        return f"{name} <{email}>" if email else name
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name in this environment
+        return "unknown"
 
 
 def _reasons(old_path: Path, new: Summary) -> list[str]:
@@ -108,11 +133,12 @@ def _reasons(old_path: Path, new: Summary) -> list[str]:
     if entry.state != COMPARED:
         return [entry.note or entry.state]
     return ([f"{d.metric} {format_value(d.metric, d.delta, True)}" for d in entry.changed]
-            + policy_changes(old, new) + _spread_reasons(old, new))
+            + [str(p) for p in policy_changes(old, new)] + _spread_reasons(old, new))
 
 
-def store(summaries: list[Summary], root: Path, allow_failed: bool = False) -> Update:
-    """Record the summaries of completed runs as baselines, rewriting only what changed.
+def store(summaries: list[Summary], root: Path, reason: str, by: str) -> Update:
+    """Record the summaries of completed runs as baselines, rewriting only what changed; each
+    file written carries `recorded: {by, at, reason}`.
 
     Every summary is checked, and every old baseline compared, before the first is written, so
     bad input records nothing: two summaries of one variant are refused as `compare` refuses
@@ -121,7 +147,7 @@ def store(summaries: list[Summary], root: Path, allow_failed: bool = False) -> U
     index_summaries(summaries)
     result, planned = Update(), []
     for summary in summaries:
-        why = refusal(summary, allow_failed)
+        why = refusal(summary)
         if why is not None:
             result.refused.append((summary, why))
             continue
@@ -133,7 +159,9 @@ def store(summaries: list[Summary], root: Path, allow_failed: bool = False) -> U
             planned.append(Change(summary, path, "updated", reasons))
         else:
             result.kept.append(summary)
+    at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     for change in planned:
+        change.summary = change.summary.replace(recorded={"by": by, "at": at, "reason": reason})
         try:
             atomic_text(change.path, change.summary.to_json())
         except OSError as exc:

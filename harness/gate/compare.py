@@ -53,9 +53,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from ..echo import clip, echo
-from ..metrics import METRICS, gated
-from ..summary import Noise, Summary
-from ..units import parse_size
+from ..metrics import BYTES, METRICS, gated
+from ..summary import Noise, Recorded, Summary
+from ..units import format_bytes, parse_size
 
 Key = tuple[str, str, str]  # scenario, variant, backend
 
@@ -181,9 +181,12 @@ class Entry:
     head: Summary | None = None
     deltas: list[MetricDelta] = field(default_factory=list)
     note: str = ""
-    # What the head changes in the gate's own inputs: `compare.<metric>` (its tolerances) and
-    # `expect.<name>` (its expectations), which the base's figures were not judged with.
-    policy: list[str] = field(default_factory=list)
+    # What the head changes in the gate's own inputs (its tolerances, expectations and
+    # detector thresholds), which the base's figures were not judged with.
+    policy: list[PolicyChange] = field(default_factory=list)
+    # `gate pr`: a metric regression the pull request re-recorded the baseline for and carries
+    # the acceptance of (never a run that failed on its own).
+    accepted: bool = False
 
     @property
     def label(self) -> str:
@@ -194,15 +197,56 @@ class Entry:
         return [d for d in self.deltas if d.verdict != "unchanged"]
 
     @property
+    def failure(self) -> str | None:
+        """Why the head's run fails on its own, whatever the base: it did not complete, or it
+        broke its own expectations (a canary that stopped detecting, a new variant that fails).
+        No baseline and no tolerance can make such a run pass."""
+        if self.head is None:  # removed, or the head produced no summaries at all
+            return (self.note or "the head produced no summary") if self.state == FAILED else None
+        if not self.head.ok:
+            return _failure(self.head)
+        if not self.head.passed:
+            failed = "; ".join(e.describe() for e in self.head.failed_expectations)
+            return f"fails its own expectations ({failed or 'passed: false'})"
+        return None
+
+    @property
     def verdict(self) -> str:
-        # A head run that fails where the base ran is a regression: the change broke the run.
-        if self.state == FAILED and self.base is not None and self.base.ok:
+        if self.failure is not None:
             return "regression"
         verdicts = {d.verdict for d in self.deltas}
         for verdict in ("regression", "improvement"):
             if verdict in verdicts:
                 return verdict
         return "unchanged"
+
+
+# The acceptance convention: a maintainer labels the pull request, and the workflow passes
+# `--accept` to `gate pr` (see docs/gate.md).
+ACCEPT_LABEL = "memory-accepted"
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change a pull request makes to what it is judged against (`gate pr`): a committed
+    baseline (`baseline peak`), a tolerance, an expectation, a detector threshold, or the set
+    of variants. `refused`: why it cannot be accepted at all (a baseline of a failing run)."""
+
+    label: str
+    what: str
+    old: str
+    new: str
+    loosens: bool
+    recorded: Recorded | None = None
+    refused: str | None = None
+
+    def status(self, accepted: bool) -> str:
+        """`refused`, `needs acceptance`, `accepted` (a loosening the PR accepts) or `tightens`."""
+        if self.refused:
+            return "refused"
+        if not self.loosens:
+            return "tightens"
+        return "accepted" if accepted else "needs acceptance"
 
 
 @dataclass
@@ -213,6 +257,10 @@ class Comparison:
     # the first error line known, or "" when none was given. Always a regression.
     head_failure: str | None = None
     artifact_url: str | None = None  # where the run's plots are, for the renderings to link
+    # `gate pr` only: what the pull request changes in its yardstick, and whether it carries
+    # the maintainers' acceptance.
+    changes: list[Change] = field(default_factory=list)
+    accepted: bool = False
 
     @property
     def policy_changes(self) -> list[Entry]:
@@ -223,7 +271,13 @@ class Comparison:
 
     @property
     def regressions(self) -> list[Entry]:
-        return [e for e in self.entries if e.verdict == "regression"]
+        """Regressed variants, less those whose change the pull request accepts."""
+        return [e for e in self.entries if e.verdict == "regression" and not e.accepted]
+
+    @property
+    def rejected(self) -> list[Change]:
+        """Changes to the yardstick that fail the check: refused, or loosening unaccepted."""
+        return [c for c in self.changes if c.status(self.accepted) in ("refused", "needs acceptance")]
 
     @property
     def improvements(self) -> list[Entry]:
@@ -233,6 +287,8 @@ class Comparison:
     def verdict(self) -> str:
         if self.regressions or self.head_failure is not None:
             return "regression"
+        if self.rejected:
+            return "rejected"
         if self.improvements:
             return "improvement"
         if any(e.state != COMPARED for e in self.entries) or self.notes:
@@ -241,7 +297,7 @@ class Comparison:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.regressions or self.head_failure is not None else 0
+        return 1 if self.verdict in ("regression", "rejected") else 0
 
 
 def tolerances(summary: Summary, rel: dict[str, float] | None = None,
@@ -271,22 +327,69 @@ def _scenario_tolerance(current: Tolerance, spec: dict) -> Tolerance:
     return result if spec_rel is None else replace(result, rel=fraction(spec_rel))
 
 
+@dataclass(frozen=True)
+class PolicyChange:
+    """One change to the yardstick a variant is judged by: a tolerance (`compare.peak`), an
+    expectation (`expect.leak`) or a detector threshold (`detect.leak.min_bytes`). `loosens`:
+    it could let through what the old one caught, so the gate asks for an acceptance."""
+
+    name: str
+    old: object  # None where that side does not state it
+    new: object
+    loosens: bool
+
+    @property
+    def stated(self) -> tuple[str, str]:
+        return _stated(self.old), _stated(self.new)
+
+    def __str__(self) -> str:
+        return f"{self.name} {' → '.join(self.stated)}"
+
+
+def _stated(value: object) -> str:
+    return "(none)" if value is None else str(value)
+
+
+def _limit(metric: str, tolerance: Tolerance) -> str:
+    """`4 MiB`, `4 MiB and 5%`: a tolerance as a scenario states it."""
+    floor = (format_bytes(tolerance.abs) if METRICS[metric].unit == BYTES
+             else f"{tolerance.abs:g}")
+    return floor + (f" and {tolerance.rel * 100:g}%" if tolerance.rel else "")
+
+
 def _expected(summary: Summary) -> dict[str, object]:
     """Each expectation's name and what it expects (`none`, `detected`, `<= 1,024 B`)."""
     return {e.name: e.expected for e in summary.expectations}
 
 
-def policy_changes(base: Summary, head: Summary) -> list[str]:
-    """What the head changes in the gate's inputs for this variant: `compare.<metric>` for each
-    tolerance its `compare` block sets differently, `expect.<name>` for each expectation it
-    states differently (or adds, or drops). Both blocks are checked: a malformed one is bad
-    input naming its file."""
+def _thresholds(summary: Summary) -> dict[str, object]:
+    """`detect.<detector>.<threshold>`: each value the run's detectors applied."""
+    return {f"detect.{name}.{key}": value for name, block in (summary.detect or {}).items()
+            for key, value in block.items()}
+
+
+def policy_changes(base: Summary, head: Summary) -> list[PolicyChange]:
+    """What the head changes in the gate's inputs for this variant, each marked by whether it
+    loosens: a tolerance that grows (abs or rel); an expectation dropped or stated
+    differently (one added only tightens); any detector threshold moved (whether a higher
+    value hides more depends on the detector, so every move counts). Thresholds are compared
+    only where both sides recorded them (summaries before they did have none). Both `compare`
+    blocks are checked: a malformed one is bad input naming its file."""
     limits = tolerances(base), tolerances(head)
-    changed = [f"compare.{name}" for name in limits[0] if limits[0][name] != limits[1][name]]
+    changes = [PolicyChange(f"compare.{name}", _limit(name, old), _limit(name, new),
+                            new.abs > old.abs or new.rel > old.rel)
+               for name, old in limits[0].items() if old != (new := limits[1][name])]
     expected = _expected(base), _expected(head)
     names = list(expected[0]) + [name for name in expected[1] if name not in expected[0]]
-    return changed + [f"expect.{name}" for name in names
-                      if expected[0].get(name, "") != expected[1].get(name, "")]
+    changes += [PolicyChange(f"expect.{name}", expected[0].get(name), expected[1].get(name),
+                             name in expected[0])
+                for name in names if expected[0].get(name) != expected[1].get(name)]
+    if base.detect is not None and head.detect is not None:
+        thresholds = _thresholds(base), _thresholds(head)
+        names = list(thresholds[0]) + [n for n in thresholds[1] if n not in thresholds[0]]
+        changes += [PolicyChange(name, thresholds[0].get(name), thresholds[1].get(name), True)
+                    for name in names if thresholds[0].get(name) != thresholds[1].get(name)]
+    return changes
 
 
 def _failure(summary: Summary) -> str:

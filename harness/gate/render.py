@@ -25,12 +25,14 @@ from ..metrics import BYTES, METRICS, gated
 from ..summary import Noise
 from ..units import format_bytes
 from .compare import (
+    ACCEPT_LABEL,
     COMPARED,
     FAILED,
     INCOMPARABLE,
     NEW,
     REMOVED,
     SMALL_FRACTION,
+    Change,
     Comparison,
     Entry,
     MetricDelta,
@@ -114,8 +116,12 @@ def headline(comparison: Comparison) -> str:
         return "🔴 kvmem: the head failed to run (no summaries)" + (f": {first}" if first else "")
     compared = comparison.having(COMPARED)
     regressed, improved = comparison.regressions, comparison.improvements
+    rejected = comparison.rejected
     if regressed:
         text = f"🔴 kvmem: memory regression in {len(regressed)} of {_count(comparison.entries)}"
+    elif rejected:
+        text = (f"🔴 kvmem: {len(rejected)} change{'s' if len(rejected) != 1 else ''} to what "
+                "this pull request is judged against cannot pass as they are")
     elif improved:
         text = f"🟢 kvmem: memory improved in {_count(improved)}, no regression"
     elif compared:
@@ -124,6 +130,10 @@ def headline(comparison: Comparison) -> str:
         text = "⚠️ kvmem: nothing compared"
     others = [f"{len(e)} {s}" for s in (NEW, REMOVED, FAILED, INCOMPARABLE)
               if (e := comparison.having(s))]
+    if regressed and rejected:
+        others.append(f"{len(rejected)} change{'s' if len(rejected) != 1 else ''} rejected")
+    if accepted := [c for c in comparison.changes if c.status(comparison.accepted) == "accepted"]:
+        others.append(f"{len(accepted)} accepted change{'s' if len(accepted) != 1 else ''}")
     return text + (f"; {', '.join(others)}" if others else "")
 
 
@@ -165,12 +175,65 @@ def _noise_lines(comparison: Comparison, code: str = "`", most: int = 20) -> lis
 def _policy_lines(comparison: Comparison, code: str = "`", most: int = 20) -> list[str]:
     """One line naming the variants whose head changes its tolerances or expectations."""
     changed = comparison.policy_changes
-    if not changed:
+    if not changed or comparison.changes:  # `gate pr` lists them with the other changes
         return []
-    names = ", ".join(f"{code}{e.label}{code} ({', '.join(e.policy)})" for e in changed[:most])
+    names = ", ".join(f"{code}{e.label}{code} ({', '.join(p.name for p in e.policy)})"
+                      for e in changed[:most])
     more = f" and {len(changed) - most} more" if len(changed) > most else ""
     return [f"⚠️ The head changes tolerances or expectations of {_count(changed)}: {names}{more}; "
             "the base's apply"]
+
+
+def why_not(change: Change, accepted: bool) -> str:
+    """Why a change fails the check, or "" when it passes."""
+    status = change.status(accepted)
+    if status == "refused":
+        return f"refused: {change.refused}"
+    if status == "needs acceptance":
+        return f"loosens the check: needs the `{ACCEPT_LABEL}` label"
+    return ""
+
+
+def _recorded(change: Change) -> tuple[str, str]:
+    """Who recorded the change and why, where a baseline update said so."""
+    if change.recorded is None:
+        return "", ""
+    return change.recorded.by, change.recorded.reason
+
+
+def _change_lines(comparison: Comparison) -> list[str]:
+    """The yardstick's changes as text: those that fail the check, then those accepted."""
+    failing = [(c, why_not(c, comparison.accepted)) for c in comparison.changes]
+    lines = [f"rejected change: {c.label} {c.what} {c.old} -> {c.new}: {why}"
+             for c, why in failing if why]
+    for change, why in failing:
+        if not why:
+            by, reason = _recorded(change)
+            said = f" (recorded by {by}: {reason})" if by else ""
+            lines.append(f"{change.status(comparison.accepted)} change: {change.label} "
+                         f"{change.what} {change.old} -> {change.new}{said}")
+    return lines
+
+
+def _change_sections(comparison: Comparison) -> list[tuple[list[str], list[str], list[str]]]:
+    """Markdown: the changes that fail the check, then the accepted ones (old -> new, who
+    recorded them and why)."""
+    sections = []
+    failing = [(c, why) for c in comparison.changes if (why := why_not(c, comparison.accepted))]
+    if failing:
+        sections.append((["#### ⛔ Changes to the yardstick that fail the check", "",
+                          "| variant | what | old | new | why |", "|---|---|--:|--:|---|"],
+                         [f"| `{c.label}` | {c.what} | {c.old} | {c.new} | {why} |"
+                          for c, why in failing], [""]))
+    passing = [c for c in comparison.changes if not why_not(c, comparison.accepted)]
+    if passing:
+        sections.append((["#### ✅ Accepted changes", "",
+                          "| variant | what | old | new | status | recorded by | reason |",
+                          "|---|---|--:|--:|---|---|---|"],
+                         [f"| `{c.label}` | {c.what} | {c.old} | {c.new} | "
+                          f"{c.status(comparison.accepted)} | {' | '.join(_recorded(c))} |"
+                          for c in passing], [""]))
+    return sections
 
 
 def findings(entry: Entry) -> list[dict]:
@@ -196,8 +259,9 @@ def failed_expectations(entry: Entry) -> list[dict]:
 
 def _reasons(entry: Entry, code: str = "`") -> list[str]:
     """Why a variant regressed, in its head run's own words."""
-    lines = [f"finding {code}{f['kind']}{code}{' (new)' if f['new'] else ''}: {f['message']}"
-             for f in findings(entry)]
+    lines = [entry.note] if entry.note and entry.failure is None else []
+    lines += [f"finding {code}{f['kind']}{code}{' (new)' if f['new'] else ''}: {f['message']}"
+              for f in findings(entry)]
     lines += [f"expectation {code}{e['name']}{code} fails: expected {e['expected']}, got "
               f"{e['actual']}" + (" (it held in the base)" if e["held_in_base"] else "")
               for e in failed_expectations(entry)]
@@ -216,7 +280,8 @@ def render_text(comparison: Comparison) -> str:
     lines += [f"note: {n}" for n in comparison.notes]
     for entry, d in _changed_rows(comparison):
         base, head = format_pair(d)
-        lines.append(f"  {d.verdict:<11} {entry.label:<40} {d.metric:<14} {base:>12} -> "
+        verdict = "accepted" if entry.accepted else d.verdict
+        lines.append(f"  {verdict:<11} {entry.label:<40} {d.metric:<14} {base:>12} -> "
                      f"{head:>12}  {format_value(d.metric, d.delta, True)} ({format_percent(d)})"
                      f"  tolerance {format_tolerance(d.metric, d.tolerance)}")
     url = comparison.artifact_url
@@ -227,7 +292,7 @@ def render_text(comparison: Comparison) -> str:
     if url and not _explained(comparison):
         lines.append(f"  plots: {url}")
     lines += [f"  {line}" for line in _state_lines(comparison, code="")
-              + _noise_lines(comparison, code="")]
+              + _noise_lines(comparison, code="") + _change_lines(comparison)]
     return "\n".join(lines) + "\n"
 
 
@@ -250,11 +315,12 @@ def render_markdown(comparison: Comparison, limit: int = COMMENT_LIMIT) -> str:
     if changed:
         sections.append((["| | variant | metric | base | head | Δ | Δ % | tolerance |",
                           "|:-:|---|---|--:|--:|--:|--:|--:|"],
-                         [f"| {ICONS[d.verdict]} | `{e.label}` | {d.metric} | "
+                         [f"| {'✅' if e.accepted else ICONS[d.verdict]} | `{e.label}` | {d.metric} | "
                           f"{' | '.join(format_pair(d))} | "
                           f"**{format_value(d.metric, d.delta, True)}**{_exact(d)} | {format_percent(d)} | "
                           f"{format_tolerance(d.metric, d.tolerance)} |"
                           for e, d in changed], [""]))
+    sections += _change_sections(comparison)
     url, explained = comparison.artifact_url, _explained(comparison)
     if explained:
         sections.append((["Why, in the head run's own words:", ""],
@@ -327,7 +393,8 @@ def _metric_json(d: MetricDelta) -> dict:
 def _entry_json(entry: Entry) -> dict:
     return {
         "scenario": entry.scenario, "variant": entry.variant, "state": entry.state,
-        "verdict": entry.verdict, "note": entry.note, "policy": entry.policy,
+        "verdict": entry.verdict, "accepted": entry.accepted, "failure": entry.failure,
+        "note": entry.note, "policy": [p.name for p in entry.policy],
         "base": str(entry.base.path) if entry.base else None,
         "head": str(entry.head.path) if entry.head else None,
         "metrics": {d.metric: _metric_json(d) for d in entry.deltas},
@@ -335,12 +402,24 @@ def _entry_json(entry: Entry) -> dict:
     }
 
 
+def _change_json(change: Change, accepted: bool) -> dict:
+    recorded = change.recorded
+    return {"variant": change.label, "what": change.what, "old": change.old, "new": change.new,
+            "loosens": change.loosens, "status": change.status(accepted),
+            "why": why_not(change, accepted) or None,
+            "recorded": None if recorded is None else
+            {"by": recorded.by, "at": recorded.at, "reason": recorded.reason}}
+
+
 def render_json(comparison: Comparison) -> str:
     return json.dumps({"schema": JSON_SCHEMA, "verdict": comparison.verdict,
                        "exit_status": comparison.exit_code, "headline": headline(comparison),
                        "head_failure": comparison.head_failure,
                        "artifact_url": comparison.artifact_url, "notes": comparison.notes,
-                       "policy_changes": {e.label: e.policy for e in comparison.policy_changes},
+                       "policy_changes": {e.label: [p.name for p in e.policy]
+                                          for e in comparison.policy_changes},
+                       "accepted": comparison.accepted,
+                       "changes": [_change_json(c, comparison.accepted) for c in comparison.changes],
                        "entries": [_entry_json(e) for e in comparison.entries]}, indent=1) + "\n"
 
 
@@ -366,13 +445,20 @@ def render_junit(comparison: Comparison) -> str:
             details = [f"{d.metric}: {' -> '.join(format_pair(d))} "
                        f"({format_value(d.metric, d.delta, True)}, {format_percent(d)})"
                        for d in entry.changed if d.verdict == "regression"]
-            text = details + _reasons(entry, code="") + ([entry.note] if entry.note else [])
+            text = details + _reasons(entry, code="")
             if comparison.artifact_url:
                 text.append(f"plots: {comparison.artifact_url}")
-            ET.SubElement(case, "failure", message="; ".join(details) or entry.note,
+            ET.SubElement(case, "failure", message="; ".join(details) or entry.failure or entry.note,
                           type="memory-regression").text = "\n".join(text)
         elif entry.state != COMPARED:
             ET.SubElement(case, "skipped", message=f"{entry.state}: {entry.note}".rstrip(": "))
+        cases.append(case)
+    rejected = [f"{c.label} {c.what} {c.old} -> {c.new}: {why_not(c, comparison.accepted)}"
+                for c in comparison.rejected]
+    if rejected:
+        case = ET.Element("testcase", name="yardstick", classname="kvmem", time="0.000")
+        ET.SubElement(case, "failure", message=rejected[0],
+                      type="rejected-change").text = "\n".join(rejected)
         cases.append(case)
     if comparison.head_failure is not None:
         case = ET.Element("testcase", name="head", classname="kvmem", time="0.000")

@@ -67,6 +67,8 @@ def summarize(outcome: RunOutcome, environment: dict,
         "passed": outcome.status == "ok" and all(e["ok"] for e in expectations),
         "compare": {metric: tolerance.model_dump(mode="json")
                     for metric, tolerance in spec.expect.compare.items()},
+        # Every detector's thresholds as applied: the gate sees a pull request that moves one.
+        "detect": spec.detect.model_dump(mode="json"),
         "series": {"active": report.series(frame)},
         # The packages the variant's components loaded (the pre-run check saw them).
         "environment": {**environment, "packages": outcome.variant.packages},

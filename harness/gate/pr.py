@@ -1,0 +1,168 @@
+"""The pull-request check (`kvmem gate pr --base REF`): the head's runs against the target
+branch's committed baselines, and every change the pull request makes to that yardstick.
+
+A pull request is judged against the baselines committed at REF, read from git: editing its own
+`baselines/` cannot change its verdict. What it does change there, and in the tolerances,
+expectations, detector thresholds and the set of variants its runs carry, is listed as a
+`Change`. A change that tightens passes; one that loosens passes only with the maintainers'
+acceptance (the pull request's ACCEPT_LABEL, given to the check as `--accept`); one that can
+never be accepted is refused:
+
+- a committed baseline of a run that did not complete or broke its own expectations;
+- a baseline changed without the reason `kvmem baseline update --reason` records.
+
+A metric regression against REF passes with the acceptance only where the pull request
+re-records that variant's baseline and its run matches the new baseline. A run that fails on
+its own (did not complete, broke its expectations: a new variant that fails, a canary that
+stopped detecting) is a regression nothing accepts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path, PurePosixPath
+
+from ..metrics import NOISY
+from ..summary import Summary, SummaryError, summary_from_bytes
+from ..units import format_bytes
+from .compare import (
+    ACCEPT_LABEL,
+    REMOVED,
+    Change,
+    Comparison,
+    Entry,
+    compare,
+    policy_changes,
+    tolerances,
+)
+from .render import format_value
+
+Baselines = dict[PurePosixPath, Summary]  # by path under the baselines folder
+
+
+def parse_baselines(files: dict[PurePosixPath, bytes], where: str) -> Baselines:
+    """The `*.json` files of a baselines folder as summaries; `where` prefixes each path in
+    errors (`origin/main:baselines`)."""
+    return {path: summary_from_bytes(Path(f"{where}/{path}"), content)
+            for path, content in sorted(files.items()) if path.suffix == ".json"}
+
+
+def selected(summaries: Iterable[Summary], paths: list[PurePosixPath],
+             backends: set[str]) -> list[Summary]:
+    """Those of `backends` whose scenario file lies at or under one of `paths` (the scenario
+    files or folders the check covers); one that records no file is kept."""
+    def covered(summary: Summary) -> bool:
+        if summary.scenario_file is None:
+            return True
+        file = PurePosixPath(summary.scenario_file)
+        return any(file == p or p in file.parents or p == PurePosixPath(".") for p in paths)
+
+    return [s for s in summaries if s.backend in backends and covered(s)]
+
+
+def _refusal(summary: Summary) -> str | None:
+    if not summary.ok or not summary.passed:
+        return ("a baseline must be a run that completed and met its expectations: "
+                f"{summary.first_error if not summary.ok else 'its expectations fail'}")
+    if summary.recorded is None or not summary.recorded.reason.strip():
+        return "recorded without a reason (`kvmem baseline update --reason TEXT` records one)"
+    return None
+
+
+def _changed(old: Summary, new: Summary) -> list[Change]:
+    """What a re-recorded baseline changes, as the gate would judge it (the old one's
+    tolerances): each figure beyond tolerance, each tolerance a wider spread widens, each
+    tolerance, expectation or threshold it records differently."""
+    made = lambda what, before, after, loosens: Change(new.label, what, before, after, loosens,
+                                                       new.recorded)
+    entry = compare([old], [new]).entries[0]
+    rows = [made(f"baseline {d.metric}", format_value(d.metric, d.base),
+                 format_value(d.metric, d.head), d.verdict == "regression") for d in entry.changed]
+    limits = tolerances(old)
+    for name in NOISY:
+        limit = limits[name].scaled(old.metric("peak"))
+        before, after = limit.widened(old.noise(name)).abs, limit.widened(new.noise(name)).abs
+        if after > before:
+            rows.append(made(f"baseline {name} tolerance", format_bytes(before),
+                             format_bytes(after), True))
+    rows += [made(p.name, *p.stated, p.loosens) for p in policy_changes(old, new)]
+    return rows or [made("baseline", "recorded", "re-recorded, within tolerance", False)]
+
+
+def baseline_changes(old: Baselines, new: Baselines) -> list[Change]:
+    """Every committed baseline the pull request adds, removes or rewrites."""
+    changes = []
+    for path in sorted(set(old) | set(new)):
+        before, after = old.get(path), new.get(path)
+        if before is not None and after is not None and before.raw == after.raw:
+            continue
+        if after is None:
+            assert before is not None
+            changes.append(Change(before.label, "baseline", "recorded", "removed", True))
+            continue
+        refused = _refusal(after)
+        if refused is not None:
+            changes.append(Change(after.label, "baseline", "recorded" if before else "(none)",
+                                  "rewritten" if before else "added", True, after.recorded,
+                                  refused))
+        elif before is None or before.key != after.key or before.backend != after.backend:
+            changes.append(Change(after.label, "baseline", "(none)", "added", False,
+                                  after.recorded))
+        else:
+            changes += _changed(before, after)
+    return changes
+
+
+def _yardstick(comparison: Comparison) -> list[Change]:
+    """What the head's runs change against the base: tolerances, expectations and thresholds
+    they carry differently, and variants the base has that the head no longer runs."""
+    changes = [Change(e.label, p.name, *p.stated, p.loosens)
+               for e in comparison.entries for p in e.policy]
+    return changes + [Change(e.label, "variant", "in the suite", "removed", True)
+                      for e in comparison.having(REMOVED)]
+
+
+def _accept(entry: Entry, rerecorded: dict[tuple, Summary], accepted: bool) -> None:
+    """Accept a metric regression whose baseline the pull request re-records, where the run
+    matches the new baseline and the acceptance is given; else say what is missing."""
+    assert entry.head is not None
+    new = rerecorded.get((*entry.head.key, entry.head.backend))
+    if new is None:
+        return
+    if compare([new], [entry.head]).regressions:
+        entry.note = "its run does not match the baseline this pull request records either"
+    elif accepted:
+        entry.accepted = True
+        entry.note = "accepted: the pull request re-records its baseline"
+    else:
+        entry.note = (f"its baseline is re-recorded here: a maintainer accepts it with the "
+                      f"`{ACCEPT_LABEL}` label")
+
+
+def judge(comparison: Comparison, old: Baselines, new: Baselines, accepted: bool) -> Comparison:
+    """`comparison` (the head's runs against the baselines at the base) with the changes the
+    pull request makes to them, and the acceptance applied."""
+    changes = baseline_changes(old, new)
+    seen = {(c.label, c.what, c.old, c.new) for c in changes}
+    changes += [c for c in _yardstick(comparison) if (c.label, c.what, c.old, c.new) not in seen]
+    comparison.changes, comparison.accepted = changes, accepted
+    refused = {c.label for c in changes if c.refused}
+    rerecorded = {(*s.key, s.backend): s for path, s in new.items()
+                  if old.get(path) is None or old[path].raw != s.raw}
+    for entry in comparison.entries:
+        if (entry.verdict == "regression" and entry.failure is None and entry.head is not None
+                and entry.label not in refused):
+            _accept(entry, rerecorded, accepted)
+    return comparison
+
+
+def read_tree(folder: Path) -> dict[PurePosixPath, bytes]:
+    """The files under a baselines folder in the working tree (hidden names left out)."""
+    if not folder.is_dir():
+        return {}
+    try:
+        return {PurePosixPath(f.relative_to(folder).as_posix()): f.read_bytes()
+                for f in sorted(folder.rglob("*.json"))
+                if not any(part.startswith(".") for part in f.relative_to(folder).parts)}
+    except OSError as exc:
+        raise SummaryError(f"{folder}: cannot read: {exc.strerror or exc}") from None
