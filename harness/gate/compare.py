@@ -347,7 +347,9 @@ class PolicyChange:
 
 
 def _stated(value: object) -> str:
-    return "(none)" if value is None else str(value)
+    if value is None:
+        return "(none)"
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
 
 
 def _limit(metric: str, tolerance: Tolerance) -> str:

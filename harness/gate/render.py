@@ -122,6 +122,9 @@ def headline(comparison: Comparison) -> str:
     elif rejected:
         text = (f"🔴 kvmem: {len(rejected)} change{'s' if len(rejected) != 1 else ''} to what "
                 "this pull request is judged against cannot pass as they are")
+    elif accepted_entries := [e for e in comparison.entries if e.accepted]:
+        text = (f"✅ kvmem: memory change accepted in {len(accepted_entries)} of "
+                f"{_count(comparison.entries)}")
     elif improved:
         text = f"🟢 kvmem: memory improved in {_count(improved)}, no regression"
     elif compared:
@@ -135,6 +138,11 @@ def headline(comparison: Comparison) -> str:
     if accepted := [c for c in comparison.changes if c.status(comparison.accepted) == "accepted"]:
         others.append(f"{len(accepted)} accepted change{'s' if len(accepted) != 1 else ''}")
     return text + (f"; {', '.join(others)}" if others else "")
+
+
+def _accepted(entry: Entry, delta: MetricDelta) -> bool:
+    """A regression the pull request accepts (it re-records the baseline)."""
+    return entry.accepted and delta.verdict == "regression"
 
 
 def _count(entries: list[Entry]) -> str:
@@ -280,7 +288,7 @@ def render_text(comparison: Comparison) -> str:
     lines += [f"note: {n}" for n in comparison.notes]
     for entry, d in _changed_rows(comparison):
         base, head = format_pair(d)
-        verdict = "accepted" if entry.accepted else d.verdict
+        verdict = "accepted" if _accepted(entry, d) else d.verdict
         lines.append(f"  {verdict:<11} {entry.label:<40} {d.metric:<14} {base:>12} -> "
                      f"{head:>12}  {format_value(d.metric, d.delta, True)} ({format_percent(d)})"
                      f"  tolerance {format_tolerance(d.metric, d.tolerance)}")
@@ -315,7 +323,7 @@ def render_markdown(comparison: Comparison, limit: int = COMMENT_LIMIT) -> str:
     if changed:
         sections.append((["| | variant | metric | base | head | Δ | Δ % | tolerance |",
                           "|:-:|---|---|--:|--:|--:|--:|--:|"],
-                         [f"| {'✅' if e.accepted else ICONS[d.verdict]} | `{e.label}` | {d.metric} | "
+                         [f"| {'✅' if _accepted(e, d) else ICONS[d.verdict]} | `{e.label}` | {d.metric} | "
                           f"{' | '.join(format_pair(d))} | "
                           f"**{format_value(d.metric, d.delta, True)}**{_exact(d)} | {format_percent(d)} | "
                           f"{format_tolerance(d.metric, d.tolerance)} |"
@@ -338,7 +346,7 @@ def render_markdown(comparison: Comparison, limit: int = COMMENT_LIMIT) -> str:
     if sparks:
         sections.append((["Active memory per step, base vs head on one scale:", "```text"],
                          sparks, ["```", ""]))
-    rest = [e for e in comparison.having(COMPARED) if not e.changed]
+    rest = [e for e in comparison.having(COMPARED) if not e.changed and e.failure is None]
     if rest:
         names = gated()
         sections.append(([f"<details><summary>{_count(rest)} unchanged</summary>", "",
