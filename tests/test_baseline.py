@@ -286,6 +286,21 @@ def test_update_records_changed_tolerances_and_a_wider_spread(tmp_path, capsys):
     assert (code, out) == (0, "kept 1 unchanged\n")      # the recorded, wider spread stays
 
 
+def test_re_recording_leaves_a_baseline_whose_spread_moved_by_a_few_bytes(tmp_path, capsys):
+    """Three runs of one variant whose peak moved by 48 B: under every floor, so its file keeps
+    its bytes (an update once rewrote five unrelated baselines for spreads of 4 to 48 B)."""
+    baselines = tmp_path / "baselines"
+    write(tmp_path / "one", summary("s", "v", peak=300 * MiB))
+    cli([*UPDATE, "--from", str(tmp_path / "one"), "--dir", str(baselines)], capsys)
+    before = (baselines / "cpu/s/v.json").read_bytes()
+    moved = {"runs": 3, "nondeterministic": {}, "passed": 3,
+             "peak": {"min": 300 * MiB - 48, "max": 300 * MiB, "spread": 48, "values": []}}
+    write(tmp_path / "two", {**summary("s", "v", peak=300 * MiB), "noise": moved})
+    code, out, _ = cli([*UPDATE, "--from", str(tmp_path / "two"), "--dir", str(baselines)], capsys)
+    assert (code, out) == (0, "kept 1 unchanged\n")
+    assert (baselines / "cpu/s/v.json").read_bytes() == before
+
+
 def _failing(data: dict) -> dict:
     data["expectations"] = [{"name": "retained", "expected": "none", "actual": "detected",
                              "ok": False, "message": "allocator holds 8 MiB beyond ..."}]

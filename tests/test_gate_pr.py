@@ -164,7 +164,7 @@ def test_a_baseline_of_a_failing_run_is_refused_even_with_the_acceptance(branch)
     assert code == 1
     assert failing(comment) == [
         "| `gate_pr/after` | baseline | recorded | rewritten | refused: a baseline must be a "
-        "run that completed and met its expectations: its expectations fail |"]
+        "run that completed and met its expectations: its expectations fail | someone | flaky |"]
 
 
 def test_a_loosened_tolerance_fails_without_the_acceptance(branch):
@@ -172,9 +172,11 @@ def test_a_loosened_tolerance_fails_without_the_acceptance(branch):
     commit("loosen the peak's tolerance")
     code, comment, _ = gate()
     assert code == 1
+    assert comment.splitlines()[1] == ("### 🔴 kvmem: 1 change to what this pull request is "
+                                       "judged against cannot pass as it is")
     assert failing(comment) == [
         "| `gate_pr/after` | compare.peak | 4 MiB | 64 MiB | loosens the check: needs the "
-        "`memory-accepted` label |"]
+        "`memory-accepted` label |  |  |"]
     assert gate("--from", "reports-pr", "--accept")[0] == 0
 
 
@@ -208,7 +210,7 @@ def test_a_deleted_variant_fails_without_the_acceptance(branch):
     assert code == 1
     assert failing(comment) == [
         "| `gate_pr/before` | variant | in the suite | removed | loosens the check: needs the "
-        "`memory-accepted` label |"]
+        "`memory-accepted` label |  |  |"]
     assert gate("--from", "reports-pr", "--accept")[0] == 0
 
 

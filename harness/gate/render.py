@@ -120,8 +120,9 @@ def headline(comparison: Comparison) -> str:
     if regressed:
         text = f"🔴 kvmem: memory regression in {len(regressed)} of {_count(comparison.entries)}"
     elif rejected:
-        text = (f"🔴 kvmem: {len(rejected)} change{'s' if len(rejected) != 1 else ''} to what "
-                "this pull request is judged against cannot pass as they are")
+        several = len(rejected) != 1
+        text = (f"🔴 kvmem: {len(rejected)} change{'s' if several else ''} to what this pull "
+                f"request is judged against cannot pass as {'they are' if several else 'it is'}")
     elif accepted_entries := [e for e in comparison.entries if e.accepted]:
         text = (f"✅ kvmem: memory change accepted in {len(accepted_entries)} of "
                 f"{_count(comparison.entries)}")
@@ -230,9 +231,10 @@ def _change_sections(comparison: Comparison) -> list[tuple[list[str], list[str],
     failing = [(c, why) for c in comparison.changes if (why := why_not(c, comparison.accepted))]
     if failing:
         sections.append((["#### ⛔ Changes to the yardstick that fail the check", "",
-                          "| variant | what | old | new | why |", "|---|---|--:|--:|---|"],
-                         [f"| `{c.label}` | {c.what} | {c.old} | {c.new} | {why} |"
-                          for c, why in failing], [""]))
+                          "| variant | what | old | new | why | recorded by | reason |",
+                          "|---|---|--:|--:|---|---|---|"],
+                         [f"| `{c.label}` | {c.what} | {c.old} | {c.new} | {why} | "
+                          f"{' | '.join(_recorded(c))} |" for c, why in failing], [""]))
     passing = [c for c in comparison.changes if not why_not(c, comparison.accepted)]
     if passing:
         sections.append((["#### ✅ Accepted changes", "",
