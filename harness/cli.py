@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import NoReturn
 
@@ -38,7 +39,9 @@ from .gate.compare import (
     size,
 )
 from .gate.history import DEFAULT_METRICS, EXPORTERS, load_runs, write_history
+from .gate.record import DEFAULT_KEEP, MAX_KEEP, Record, appended, parse_date, read_record, tonight
 from .gate.render import RENDERERS, render_text
+from .gate.site import write_site
 from .metrics import gated
 from .report import ReportError
 from .run.defaults import DEFAULT_OUT, DEFAULT_RUNS, DEFAULT_TIMEOUT
@@ -315,8 +318,45 @@ def _history(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _publish(args: argparse.Namespace, console: Console) -> int:
+    """Append the night's summaries to the history record and write the site from it."""
+    summaries = [s for report in args.reports for s in load_summaries(report)]
+    if not summaries:
+        raise SummaryError(f"{', '.join(args.reports)}: no summaries found")
+    site = Path(args.site)
+    previous = Path(args.previous) if args.previous else site / "history.json"
+    before = read_record(previous)
+    run = tonight(summaries, args.date or datetime.now(timezone.utc), args.commit)
+    record = appended(before or Record(), run, args.keep)
+    try:
+        written = write_site(record, summaries, site)
+    except OSError as exc:
+        raise ReportError(f"{site}: cannot write: {exc.strerror or exc}") from None
+    if before is None:
+        console.print(f"no history at {previous}: started a new one", highlight=False)
+    for path in written:
+        console.print(f"wrote {path}", highlight=False)
+    failed = [s.label for s in summaries if not s.ok]
+    if failed:
+        term.warn(Console(stderr=True, soft_wrap=True),
+                  [f"{len(failed)} runs did not complete: recorded as such, left out of "
+                   f"benchmark.json: {', '.join(failed)}"])
+    console.print(f"history: {len(record.runs)} runs, from {record.runs[0].date:%Y-%m-%d} to "
+                  f"{record.runs[-1].date:%Y-%m-%d}; this one {run.date:%Y-%m-%d %H:%M} UTC, "
+                  f"commit {run.commit}", highlight=False)
+    return 0
+
+
+def _date(text: str) -> datetime:
+    try:
+        return parse_date(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an ISO 8601 date and time such as "
+                                         f"2025-06-01T03:17:00Z, got {echo(text)}") from None
+
+
 def _history_parsers(sub: argparse._SubParsersAction) -> None:
-    """`export` and `history`: the gate's figures for charts kept across runs."""
+    """`export`, `history` and `publish`: the gate's figures for charts kept across runs."""
     export = sub.add_parser(
         "export", help="write the summaries' gated metrics as a benchmark feed (JSON)")
     export.add_argument("reports", nargs="+", metavar="REPORTS",
@@ -334,6 +374,31 @@ def _history_parsers(sub: argparse._SubParsersAction) -> None:
     history.add_argument("--metric", action="append", choices=gated(),
                          help=f"a metric to plot (repeatable; default: {', '.join(DEFAULT_METRICS)})")
     history.set_defaults(handler=_history)
+    publish = sub.add_parser(
+        "publish", help="append a night's summaries to the history record and write a static "
+                        "site: index.html, history.json, benchmark.json",
+        description="Read the summaries under REPORTS as one run (one backend, one summary per "
+                    "variant), append it to the history record (--previous), keep the last "
+                    "--keep runs, and write the site into --site: index.html (charts of every "
+                    "metric over the runs' dates, from zero), history.json (the record, for the "
+                    "next night) and benchmark.json (this run as github-action-benchmark's "
+                    "feed). A missing previous record starts a new history; one that cannot be "
+                    "read is bad input (exit 2).")
+    publish.add_argument("reports", nargs="+", metavar="REPORTS",
+                         help="the night's report folders or summary files")
+    publish.add_argument("--site", required=True, metavar="DIR", help="folder for the site")
+    publish.add_argument("--previous", metavar="FILE",
+                         help="the history record to append to, as the last published site holds "
+                              "it (default: DIR/history.json)")
+    publish.add_argument("--commit", metavar="SHA",
+                         help="the commit the night ran (default: the git revision its summaries "
+                              "share)")
+    publish.add_argument("--date", type=_date, metavar="ISO",
+                         help="when the night ran, ISO 8601 (default: now); without an offset "
+                              "it is read as UTC")
+    publish.add_argument("--keep", type=_whole("runs", 1, MAX_KEEP), default=DEFAULT_KEEP,
+                         metavar="N", help=f"keep the last N runs (default: {DEFAULT_KEEP})")
+    publish.set_defaults(handler=_publish)
 
 
 class _Parser(argparse.ArgumentParser):

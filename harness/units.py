@@ -42,14 +42,21 @@ def parse_size(value: Any) -> int:
 Size = Annotated[int, BeforeValidator(parse_size)]
 
 
+BINARY_UNITS = (("B", 1), ("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30))
+
+
+def binary_unit(value: float) -> tuple[str, int]:
+    """The unit `format_bytes` writes `value` in, and its size: the largest that `value` fills
+    (GiB at most). A chart's axis takes the unit of its largest value."""
+    return next(((name, size) for name, size in reversed(BINARY_UNITS) if abs(value) >= size),
+                BINARY_UNITS[0])
+
+
 def format_bytes(value: float, signed: bool = False) -> str:
     """`7.81 MiB`, `-512 B`; three significant digits above 1 KiB."""
     sign = ("+" if value > 0 else "-" if value < 0 else "±") if signed else ("-" if value < 0 else "")
-    size = abs(value)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            break
-        size /= 1024
+    unit, divisor = binary_unit(value)
+    size = abs(value) / divisor
     text = f"{size:.0f}" if unit == "B" else f"{size:.3g}" if size < 100 else f"{size:.0f}"
     return f"{sign}{text} {unit}"
 

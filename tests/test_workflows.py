@@ -4,6 +4,7 @@ wired as the gate needs."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -26,6 +27,8 @@ PINS = {
     "actions/upload-artifact": ("ea165f8d65b6e75b540449e92b4886f43607fa02", "v4.6.2"),
     "actions/download-artifact": ("d3f86a106a0bac45b974a628896c90dbdf5c8093", "v4.3.0"),
     "actions/github-script": ("60a0d83039c74a4aee543508d2ffcb1c3799cdea", "v7.0.1"),
+    "actions/upload-pages-artifact": ("7b1f4a764d45c48632c6b24a0339c27f5614fb0b", "v4.0.0"),
+    "actions/deploy-pages": ("d6db90164ac5ed86f2b6aed7e0febac5b3c0c03e", "v4.0.5"),
 }
 UNPINNED: set[str] = set()  # actions left on a tag because no SHA could be confirmed: none
 USES = re.compile(r"^\s*(?:-\s+)?uses:\s*(\S+?)@(\S+)(.*)$")
@@ -33,10 +36,12 @@ PINNED = re.compile(r"^[0-9a-f]{40}$")
 TAG_COMMENT = re.compile(r"^ # (v\d+(?:\.\d+)*)$")
 # The jobs that may hold a write permission, and which.
 WRITERS = {("memory-comment.yml", "comment"): {"pull-requests"},
-           ("memory-nightly.yml", "issue"): {"issues"}}
+           ("memory-nightly.yml", "issue"): {"issues"},
+           ("memory-nightly.yml", "pages"): {"pages", "id-token"}}
 SHARD_FLAG = "--shard ${{ matrix.shard }}/2"
 ISSUE_MARKER = "<!-- kvmem-nightly-regression -->"
 MERGES = re.compile(r"(-m harness|bin/kvmem) merge ")
+ISSUE_LABEL = "kvmem-nightly"
 
 
 def check_schema(*paths: Path) -> subprocess.CompletedProcess:
@@ -221,7 +226,7 @@ def test_comment_workflow_posts_with_a_write_token_and_runs_no_pull_request_code
 def test_nightly_workflow_checks_merged_shards_and_uploads_plots_and_history():
     data = workflow("memory-nightly.yml")
     assert data["on"]["schedule"] == [{"cron": "17 3 * * *"}]
-    assert list(data["jobs"]) == ["run", "baseline-check", "issue"]
+    assert list(data["jobs"]) == ["run", "baseline-check", "pages", "issue"]
     assert_sharded(data, "run", "baseline-check", "memory-nightly-shard")
     assert f"-m harness run scenarios {SHARD_FLAG} --out reports/nightly" in scripts(data, "run")
     check = scripts(data, "baseline-check")
@@ -249,27 +254,79 @@ def test_nightly_workflow_checks_merged_shards_and_uploads_plots_and_history():
             assert step["if"] == "${{ !cancelled() && steps.merge.outcome == 'success' }}"
 
 
-def test_nightly_opens_or_updates_one_issue_from_a_job_that_runs_nothing():
+def test_nightly_publishes_the_history_site_to_pages_from_a_job_that_runs_nothing():
+    data = workflow("memory-nightly.yml")
+    check, pages = data["jobs"]["baseline-check"], data["jobs"]["pages"]
+    assert check["permissions"] == {"contents": "read", "pages": "read"}
+    later = steps(data, "baseline-check")
+    by_id = {s["id"]: s for s in later if "id" in s}
+    # The previous history comes from the published site; only its absence starts a new one.
+    fetch = by_id["previous"]
+    assert fetch["if"] == "${{ !cancelled() && steps.merge.outcome == 'success' }}"
+    assert '"$GITHUB_API_URL/repos/$GITHUB_REPOSITORY/pages"' in fetch["run"]
+    assert "-o previous/history.json" in fetch["run"]
+    assert '404) rm -f previous/history.json;' in fetch["run"]
+    assert '*) echo "::error::$url answered HTTP $code"; exit 1 ;;' in fetch["run"]
+    assert fetch["env"] == {"GH_TOKEN": "${{ github.token }}"}
+    publish = by_id["publish"]
+    assert publish["if"] == "${{ !cancelled() && steps.previous.outcome == 'success' }}"
+    assert ("-m harness publish merged-reports --site site --previous previous/history.json \\\n"
+            '  --commit "$GITHUB_SHA" --date "$(date -u +%Y-%m-%dT%H:%M:%SZ)"') in publish["run"]
+    upload = by_id["site"]
+    assert upload["uses"].startswith("actions/upload-pages-artifact@")
+    assert upload["with"] == {"path": "site/"}
+    assert later.index(by_id["merge"]) < later.index(fetch) < later.index(publish) \
+        < later.index(upload)
+    assert check["outputs"]["deploy"] == ("${{ steps.previous.outputs.pages == 'true' && "
+                                          "steps.site.outcome == 'success' }}")
+    # Deployed from the default branch only, by a job that checks out and runs nothing.
+    assert pages["needs"] == "baseline-check"
+    assert pages["if"] == ("${{ !cancelled() && needs.baseline-check.outputs.deploy == 'true' "
+                           "&& (github.event_name == 'schedule' || "
+                           "github.ref_name == github.event.repository.default_branch) }}")
+    assert pages["permissions"] == {"pages": "write", "id-token": "write"}
+    assert pages["environment"] == {"name": "github-pages",
+                                    "url": "${{ steps.deploy.outputs.page_url }}"}
+    assert pages["concurrency"] == {"group": "memory-nightly-pages", "cancel-in-progress": False}
+    assert [s["uses"].split("@")[0] for s in steps(data, "pages")] == ["actions/deploy-pages"]
+    # No expression is expanded inside a script: values reach them through the environment.
+    for step in steps(data):
+        assert "${{" not in step.get("run", "").replace("${{ matrix.shard }}", "")
+        assert "${{" not in step.get("with", {}).get("script", "")
+
+
+def test_nightly_opens_one_labelled_issue_from_a_job_that_runs_nothing():
     data = workflow("memory-nightly.yml")
     check, issue = data["jobs"]["baseline-check"], data["jobs"]["issue"]
-    assert check["outputs"] == {"regression": "${{ steps.check.outputs.status == '1' }}"}
-    run = next(s for s in steps(data, "baseline-check") if s.get("id") == "check")["run"]
+    assert check["outputs"]["regression"] == "${{ steps.check.outputs.status == '1' }}"
+    assert check["outputs"]["summaries"] == "${{ steps.count.outputs.summaries }}"
+    later = steps(data, "baseline-check")
+    run = next(s for s in later if s.get("id") == "check")["run"]
     assert "|| status=$?" in run and 'echo "status=$status" >> "$GITHUB_OUTPUT"' in run
+    # The summaries are counted right after the download, whatever failed before.
+    count = next(s for s in later if s.get("id") == "count")
+    assert count["if"] == "${{ !cancelled() }}"
+    assert later.index(count) == 2 and "actions/download-artifact@" in later[1]["uses"]
+    assert 'count=$(find shards -name summary.json | wc -l)' in count["run"]
     assert issue["needs"] == "baseline-check"
-    assert issue["if"] == ("${{ !cancelled() && "
-                           "needs.baseline-check.outputs.regression == 'true' }}")
+    assert issue["if"] == ("${{ !cancelled() && (needs.baseline-check.outputs.regression == 'true' "
+                           "|| needs.baseline-check.outputs.summaries == '0') }}")
     assert issue["permissions"] == {"issues": "write"}
     assert not using(data, "actions/checkout", "issue")
     assert not any("run" in s for s in steps(data, "issue"))
-    assert using(data, "actions/download-artifact", "issue")[0]["with"] == {
-        "name": "memory-nightly", "path": "nightly"}
+    download = using(data, "actions/download-artifact", "issue")[0]
+    assert download["with"] == {"name": "memory-nightly", "path": "nightly"}
+    assert download["if"] == "${{ needs.baseline-check.outputs.regression == 'true' }}"
+    script_step = next(s for s in steps(data, "issue") if "script" in s.get("with", {}))
+    assert script_step["env"] == {"SUMMARIES": "${{ needs.baseline-check.outputs.summaries }}"}
     script = script_of(data, "issue")
     assert f"const marker = '{ISSUE_MARKER}';" in script
-    assert "const title = 'kvmem nightly: memory regression';" in script
+    assert f"const label = '{ISSUE_LABEL}';" in script
     assert "nightly/delta/memory-delta.md" in script
 
 
-def run_issue_script(tmp_path: Path, existing: list[dict]) -> list[list]:
+def run_issue_script(tmp_path: Path, existing: list[dict], summaries: str = "3",
+                     label: bool = True) -> list[list]:
     """Run the nightly's github-script body under node against a stand-in GitHub API; return
     the calls it made as [method, params]."""
     script = script_of(workflow("memory-nightly.yml"), "issue")
@@ -281,7 +338,15 @@ const existing = JSON.parse(process.argv[1]);
 const record = (name) => async (params) => { calls.push([name, params]); return { data: { number: 99 } }; };
 const github = {
   paginate: async (method, params) => { calls.push(['paginate', params]); return existing; },
-  rest: { issues: { listForRepo: 'listForRepo', update: record('update'), create: record('create') } },
+  rest: { issues: {
+    listForRepo: 'listForRepo', create: record('create'), createComment: record('createComment'),
+    createLabel: record('createLabel'),
+    getLabel: async (params) => {
+      calls.push(['getLabel', params]);
+      if (process.argv[3] !== 'true') throw Object.assign(new Error('Not Found'), { status: 404 });
+      return { data: {} };
+    },
+  } },
 };
 const context = { repo: { owner: 'o', repo: 'r' }, serverUrl: 'https://github.com', runId: 7 };
 const core = { notice: () => {} };
@@ -289,29 +354,57 @@ const AsyncFunction = Object.getPrototypeOf(async function () {}).constructor;
 new AsyncFunction('require', 'github', 'context', 'core', process.argv[2])(require, github, context, core)
   .then(() => console.log(JSON.stringify(calls)));
 """
-    result = subprocess.run(["node", "-e", harness, json.dumps(existing), script], cwd=tmp_path,
-                            capture_output=True, text=True, check=True)
+    env = {**os.environ, "SUMMARIES": summaries, "TZ": "UTC"}
+    result = subprocess.run(["node", "-e", harness, json.dumps(existing), script,
+                             "true" if label else "false"], cwd=tmp_path, capture_output=True,
+                            text=True, check=True, env=env)
     return json.loads(result.stdout)
 
 
+TODAY = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
-def test_the_issue_script_updates_its_own_open_issue_or_opens_one(tmp_path):
+def test_the_issue_script_opens_a_labelled_issue_then_comments_on_it(tmp_path):
     bot = "github-actions[bot]"
-    calls = run_issue_script(tmp_path, [])
-    assert [c[0] for c in calls] == ["paginate", "create"]
+    calls = run_issue_script(tmp_path, [], label=False)
+    assert [c[0] for c in calls] == ["paginate", "getLabel", "createLabel", "create"]
     assert calls[0][1] == {"owner": "o", "repo": "r", "state": "open", "per_page": 100}
-    created = calls[1][1]
+    assert calls[2][1]["name"] == ISSUE_LABEL
+    created = calls[3][1]
     assert created["title"] == "kvmem nightly: memory regression"
-    assert created["body"] == (f"{ISSUE_MARKER}\nLatest failing night: "
-                               f"https://github.com/o/r/actions/runs/7\n\n{MARKER}\n### 🔴 x\n")
+    assert created["labels"] == [ISSUE_LABEL]
+    body = TODAY.sub("DATE", created["body"])
+    assert body == (f"{ISSUE_MARKER}\nFirst failing night, DATE: "
+                    f"https://github.com/o/r/actions/runs/7\n\n{MARKER}\n### 🔴 x\n")
+    # The label is created only when missing.
+    assert [c[0] for c in run_issue_script(tmp_path / "l", [])] == [
+        "paginate", "getLabel", "create"]
     others = [{"number": 3, "user": {"login": "someone"}, "body": f"{ISSUE_MARKER}\nquoted"},
               {"number": 4, "user": {"login": bot}, "body": f"{ISSUE_MARKER}\n", "pull_request": {}},
               {"number": 5, "user": {"login": bot}, "body": None}]
-    assert [c[0] for c in run_issue_script(tmp_path / "a", others)] == ["paginate", "create"]
+    assert [c[0] for c in run_issue_script(tmp_path / "a", others)][-1] == "create"
+    # A later failing night adds a comment; the issue's body (the first night) stays.
     mine = {"number": 6, "user": {"login": bot}, "body": f"{ISSUE_MARKER}\nold"}
     calls = run_issue_script(tmp_path / "b", [*others, mine])
-    assert [c[0] for c in calls] == ["paginate", "update"]
-    assert calls[1][1]["issue_number"] == 6 and calls[1][1]["body"].startswith(ISSUE_MARKER)
+    assert [c[0] for c in calls] == ["paginate", "createComment"]
+    assert calls[1][1]["issue_number"] == 6
+    assert TODAY.sub("DATE", calls[1][1]["body"]) == (
+        f"Failing night of DATE: https://github.com/o/r/actions/runs/7\n\n{MARKER}\n### 🔴 x\n")
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_the_issue_says_when_the_night_left_no_summaries_at_all(tmp_path):
+    calls = run_issue_script(tmp_path, [], summaries="0")
+    created = calls[-1][1]
+    assert created["title"] == "kvmem nightly: no summaries"
+    assert "the night produced no summaries at all" in created["body"]
+    assert "nothing was compared with the baselines" in created["body"]
+    assert MARKER not in created["body"]  # the delta file is not read
+    mine = {"number": 6, "user": {"login": "github-actions[bot]"}, "body": f"{ISSUE_MARKER}\nold"}
+    calls = run_issue_script(tmp_path / "again", [mine], summaries="0")
+    assert calls[-1][0] == "createComment"
+    assert "the night produced no summaries at all" in calls[-1][1]["body"]
 
 
 def test_readme_links_the_gate_documentation():
