@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from . import console as term
+from . import packaged
 from .components import import_paths
 from .echo import MAX_ECHO, clip, echo
 from .files import atomic_text
@@ -54,6 +55,9 @@ def _variants(paths: Sequence[str | Path], only: list[str] | None = None,
     With a console (the commands that run them), warns once about each version bound on mlx
     or mlx-lm that a component's package declares and the installed version violates.
     """
+    paths, note = packaged.fallback(paths)
+    if note and console is not None:
+        console.print(note, highlight=False, soft_wrap=True)
     variants = [v for path in discover(paths) for v in load_variants(path, only)]
     if not variants:
         raise ScenarioError(f"{', '.join(map(str, paths))}: no scenario files (*.yaml) found")
@@ -99,7 +103,10 @@ def _merge(args: argparse.Namespace, console: Console) -> int:
 
 
 def _list(args: argparse.Namespace, console: Console) -> int:
-    console.print(term.scenarios(Path(args.dir)))
+    (folder,), note = packaged.fallback([args.dir])
+    if note:
+        console.print(note, highlight=False, soft_wrap=True)
+    console.print(term.scenarios(folder))
     console.print(term.geometry_presets())
     console.print(term.model_presets())
     return 0
