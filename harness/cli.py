@@ -23,8 +23,8 @@ from typing import NoReturn
 from rich.console import Console
 from rich.markup import escape
 
+from . import adopt, packaged
 from . import console as term
-from . import packaged
 from .components import import_paths
 from .echo import MAX_ECHO, clip, echo
 from .files import atomic_text
@@ -38,7 +38,7 @@ from .run.defaults import DEFAULT_OUT, DEFAULT_RUNS, DEFAULT_TIMEOUT
 from .scenario import ScenarioError, Variant, check_unique, discover, load_variants
 from .summary import Summary, SummaryError, checked, exit_status, load_summaries
 
-BAD_INPUT = (ScenarioError, ReportError, SummaryError, CompareError)
+BAD_INPUT = (ScenarioError, ReportError, SummaryError, CompareError, adopt.AdoptError)
 DEFAULT_SCENARIOS = Path("scenarios")
 # Bounds on the numeric flags: far above any real use, and checked before anything is sized by
 # them (an unbounded --shard N once took gigabytes before a variant ran).
@@ -370,6 +370,7 @@ def parser() -> argparse.ArgumentParser:
     _jobs_option(noisy)
     noisy.set_defaults(handler=_noise)
     _history_parsers(sub)
+    adopt.add_parser(sub)
     return top
 
 

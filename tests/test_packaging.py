@@ -1,4 +1,5 @@
-"""A wheel carries the bundled scenarios, and outside a checkout `kvmem list` falls back to them.
+"""A wheel carries the bundled scenarios and `kvmem init`'s templates, and outside a checkout
+`kvmem list` falls back to the scenarios.
 
 The wheel is built by pip from a copy of the sources (a build in the tree would leave `build/`
 there) and installed, without its dependencies, into a fresh virtual environment that reads
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import packaged
+from harness import adopt, packaged
 from harness.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,9 +45,10 @@ def wheel(tmp_path_factory) -> Path:
     return next(out.glob("kvmem-*.whl"))
 
 
-def test_the_wheel_holds_every_scenario(wheel):
+def test_the_wheel_holds_every_scenario_and_what_init_writes(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"harness/bundled/{name}" for name in SCENARIOS} <= names
+    assert {f"harness/adopt/templates/{name}" for name in adopt.templates()} <= names
 
 
 def test_kvmem_list_in_an_empty_folder_shows_the_installed_wheels_scenarios(wheel, tmp_path):
