@@ -25,6 +25,7 @@ from harness.adopt import PLACEHOLDER, pin, templates
 from harness.cli import main
 from tests.test_workflows import PINS, USES, check_schema
 
+ROOT = Path(__file__).resolve().parents[1]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 SPEC = f"kvmem @ git+https://github.com/example/kvmem@{COMMIT}"
 WORKFLOWS = ("kvmem-pr.yml", "kvmem-comment.yml", "kvmem-nightly.yml")
@@ -174,22 +175,27 @@ def test_the_workflows_are_least_privilege_pinned_and_honour_the_gates_exit(repo
     assert not any("checkout" in step.get("uses", "") or "run" in step for step in steps(comment))
 
 
-def test_the_workflows_match_the_github_schema(repo):
+def test_the_workflows_and_the_action_match_the_github_schemas(repo):
     result = check_schema(*(repo / ".github" / "workflows" / name for name in WORKFLOWS))
     assert result.returncode == 0, result.stdout + result.stderr
+    action = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema",
+                             "vendor.github-actions", str(ROOT / "action.yml")],
+                            capture_output=True, text=True)
+    assert action.returncode == 0, action.stdout + action.stderr
 
 
-def test_zizmor_finds_nothing_in_the_workflows(repo):
+def test_zizmor_finds_nothing_in_the_workflows_nor_the_action(repo):
     result = subprocess.run([required("zizmor"), "--offline", "--no-progress",
-                             str(repo / ".github" / "workflows")],
+                             str(repo / ".github" / "workflows"), str(ROOT / "action.yml")],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_shellcheck_passes_every_run_script(repo):
     assert shellcheck('echo $1 `ls`').returncode != 0          # it does judge
+    action = yaml.safe_load((ROOT / "action.yml").read_text())["runs"]["steps"]
     scripts = [s["run"] for name in WORKFLOWS for s in steps(workflow(repo, name)) if "run" in s]
-    for script in scripts:
+    for script in scripts + [s["run"] for s in action if "run" in s]:
         result = shellcheck(script)
         assert result.returncode == 0, script + result.stdout
 
