@@ -24,6 +24,7 @@ from typing import NoReturn
 from rich.console import Console
 from rich.markup import escape
 
+from . import adopt, packaged
 from . import console as term
 from .components import import_paths
 from .echo import MAX_ECHO, clip, echo
@@ -48,7 +49,7 @@ from .run.defaults import DEFAULT_OUT, DEFAULT_RUNS, DEFAULT_TIMEOUT
 from .scenario import ScenarioError, Variant, check_unique, discover, load_variants
 from .summary import Summary, SummaryError, checked, exit_status, load_summaries
 
-BAD_INPUT = (ScenarioError, ReportError, SummaryError, CompareError)
+BAD_INPUT = (ScenarioError, ReportError, SummaryError, CompareError, adopt.AdoptError)
 DEFAULT_SCENARIOS = Path("scenarios")
 # Bounds on the numeric flags: far above any real use, and checked before anything is sized by
 # them (an unbounded --shard N once took gigabytes before a variant ran).
@@ -66,6 +67,9 @@ def _variants(paths: Sequence[str | Path], only: list[str] | None = None,
     With a console (the commands that run them), warns once about each version bound on mlx
     or mlx-lm that a component's package declares and the installed version violates.
     """
+    paths, note = packaged.fallback(paths)
+    if note and console is not None:
+        console.print(note, highlight=False, soft_wrap=True)
     variants = [v for path in discover(paths) for v in load_variants(path, only)]
     if not variants:
         raise ScenarioError(f"{', '.join(map(str, paths))}: no scenario files (*.yaml) found")
@@ -111,7 +115,10 @@ def _merge(args: argparse.Namespace, console: Console) -> int:
 
 
 def _list(args: argparse.Namespace, console: Console) -> int:
-    console.print(term.scenarios(Path(args.dir)))
+    (folder,), note = packaged.fallback([args.dir])
+    if note:
+        console.print(note, highlight=False, soft_wrap=True)
+    console.print(term.scenarios(folder))
     console.print(term.geometry_presets())
     console.print(term.model_presets())
     return 0
@@ -516,6 +523,7 @@ def parser() -> argparse.ArgumentParser:
     _jobs_option(noisy)
     noisy.set_defaults(handler=_noise)
     _history_parsers(sub)
+    adopt.add_parser(sub)
     return top
 
 

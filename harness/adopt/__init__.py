@@ -1,0 +1,113 @@
+"""`kvmem init`: what a repository needs to gate its pull requests on memory with kvmem.
+
+It writes the files under `templates/`, as they are, into the root of the git repository it
+runs in: a starter scenario that passes in seconds, a baselines folder saying how baselines
+are recorded, and three GitHub workflows (the pull-request check, its comment, a nightly
+check) that install one pinned kvmem (`pin.py`). Files already there are refused, not
+overwritten, unless asked: they may be the user's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+from importlib.resources import files
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+
+from ..files import atomic_text
+from .pin import PinError, checked, default
+
+if TYPE_CHECKING:
+    from importlib.abc import Traversable
+
+# The workflows' `KVMEM_INSTALL: ...` value, replaced by the pinned requirement as a YAML string.
+PLACEHOLDER = "__KVMEM_INSTALL__"
+LABEL = "memory-accepted"
+
+
+class AdoptError(ValueError):
+    """`kvmem init` cannot write its files: one line naming the file or the option."""
+
+
+def templates(folder: Traversable | None = None, prefix: str = "") -> dict[str, str]:
+    """Each template's path in a repository, and its text."""
+    found: dict[str, str] = {}
+    for entry in (folder or files(__name__) / "templates").iterdir():
+        if entry.is_dir():
+            found |= templates(entry, f"{prefix}{entry.name}/")
+        else:
+            found[prefix + entry.name] = entry.read_text()
+    return found
+
+
+def repository(folder: Path) -> Path:
+    """The root of the git repository holding `folder`."""
+    try:
+        top = subprocess.run(["git", "-C", str(folder), "rev-parse", "--show-toplevel"],
+                             capture_output=True, text=True)
+    except OSError as exc:
+        raise AdoptError(f"git: cannot run it ({exc.strerror or exc}); kvmem init writes into "
+                         "a git repository") from None
+    if top.returncode != 0:
+        raise AdoptError(f"{folder}: not in a git repository; run `git init` first, or pass "
+                         "--dir with a folder of your repository")
+    return Path(top.stdout.strip())
+
+
+def write(root: Path, install: str, force: bool = False) -> list[str]:
+    """Write every template under `root`, the workflows installing `install`; refuse (writing
+    nothing) when one exists, unless `force`. Returns the paths written, relative to `root`."""
+    texts = {path: text.replace(PLACEHOLDER, json.dumps(install))
+             for path, text in sorted(templates().items())}
+    existing = [path for path in texts if (root / path).exists()]
+    if existing and not force:
+        raise AdoptError(f"{', '.join(existing)}: already in {root}; kvmem init overwrites "
+                         "nothing without --force")
+    for path, text in texts.items():
+        try:
+            atomic_text(root / path, text)
+        except OSError as exc:
+            raise AdoptError(f"{root / path}: cannot write: {exc.strerror or exc}") from None
+    return list(texts)
+
+
+def _init(args: argparse.Namespace, console: Console) -> int:
+    try:
+        install = checked(args.install) if args.install else default()
+    except PinError as exc:
+        raise AdoptError(str(exc)) from None
+    root = repository(Path(args.dir))
+    for path in write(root, install, args.force):
+        console.print(f"wrote {path}", highlight=False)
+    console.print(f"into {root}; the workflows install {install}\n\nnext steps:\n"
+                  "  1. kvmem run scenarios  (the starter passes in a few seconds)\n"
+                  '  2. kvmem baseline update --runs 3 --reason "first baselines"  (on Linux, '
+                  "the runners' backend: baselines/README.md)\n"
+                  "  3. add reports/ and kvmem-gate/ to .gitignore; commit scenarios/, "
+                  "baselines/ and .github/workflows/\n"
+                  f"  4. create the label {LABEL}: a maintainer applies it to a pull request to "
+                  "accept its memory change", highlight=False, markup=False, soft_wrap=True)
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """`kvmem init [--install SPEC] [--dir DIR] [--force]`."""
+    init = sub.add_parser(
+        "init", help="write a starter scenario, a baselines folder and the memory gate's GitHub "
+                     "workflows into this git repository")
+    init.add_argument(
+        "--install", metavar="SPEC",
+        help="the pinned kvmem the workflows install, as pip reads it: "
+             "'kvmem @ git+https://github.com/OWNER/kvmem@COMMIT' (a full commit), "
+             "'kvmem @ https://HOST/kvmem-X-py3-none-any.whl' or 'kvmem==X'. Default: this "
+             "kvmem, where pip recorded it came from (a git commit, a URL, a release); "
+             "required when it came from a local folder or file, which a runner cannot reach")
+    init.add_argument("--dir", default=".",
+                      help="a folder of the repository (default: the current one); the files "
+                           "go to the repository's root")
+    init.add_argument("--force", action="store_true", help="overwrite files that exist")
+    init.set_defaults(handler=_init)

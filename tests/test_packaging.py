@@ -1,0 +1,88 @@
+"""A wheel carries the bundled scenarios and `kvmem init`'s templates, and outside a checkout
+`kvmem list` falls back to the scenarios.
+
+The wheel is built by pip from a copy of the sources (a build in the tree would leave `build/`
+there) and installed, without its dependencies, into a fresh virtual environment that reads
+them from the one running the tests: a `.pth` file names this environment's site-packages.
+(`--system-site-packages` would name the base interpreter's, which has no MLX on a fresh CI
+machine.)
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import sysconfig
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from harness import adopt, packaged
+from harness.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", "harness", "reference_impl", "scenarios")
+SCENARIOS = sorted(p.relative_to(ROOT / "scenarios").as_posix()
+                   for p in (ROOT / "scenarios").rglob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    tree, out = tmp_path_factory.mktemp("tree"), tmp_path_factory.mktemp("dist")
+    for name in SOURCES:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, tree / name, symlinks=True,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, tree / name)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet",
+                            "--wheel-dir", str(out), str(tree)], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-2000:]
+    return next(out.glob("kvmem-*.whl"))
+
+
+def test_the_wheel_holds_every_scenario_and_what_init_writes(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {f"harness/bundled/{name}" for name in SCENARIOS} <= names
+    assert {f"harness/adopt/templates/{name}" for name in adopt.templates()} <= names
+
+
+def test_kvmem_list_in_an_empty_folder_shows_the_installed_wheels_scenarios(wheel, tmp_path):
+    env = tmp_path / "venv"
+    venv.create(env, with_pip=False)
+    paths = {"base": str(env), "platbase": str(env)}
+    site = Path(sysconfig.get_path("purelib", vars=paths))
+    outer = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
+    (site / "outer.pth").write_text("\n".join(sorted(outer)) + "\n")
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(env / "bin" / "python"), "install",
+         "--quiet", "--no-deps", "--no-index", str(wheel)], capture_output=True, text=True)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    listed = subprocess.run([str(env / "bin" / "kvmem"), "list"], cwd=empty, capture_output=True,
+                            text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert f"bundled with kvmem, in {site / 'harness' / 'bundled'}/" in listed.stdout
+    assert "qwen3_8b_growth.yaml" in listed.stdout
+
+
+def test_an_editable_install_lists_the_scenarios_through_the_link(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "using the scenarios bundled with kvmem" in out
+    assert all(Path(name).name in out for name in SCENARIOS if "/" not in name)
+
+
+def test_only_a_missing_scenarios_folder_falls_back(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    found, note = packaged.fallback(["scenarios/a.yaml", "mine.yaml"])
+    assert found == [packaged.BUNDLED / "a.yaml", Path("mine.yaml")] and note
+    assert packaged.fallback(["other"]) == ([Path("other")], None)
+    (tmp_path / "scenarios").mkdir()
+    assert packaged.fallback(["scenarios/a.yaml"]) == ([Path("scenarios/a.yaml")], None)
