@@ -143,8 +143,9 @@ def test_re_recording_a_regression_needs_a_reason_and_the_acceptance(branch):
 
     code, comment, result = gate("--from", "reports-new", "--accept")
     assert code == 0
-    assert comment.splitlines()[1] == ("### ✅ kvmem: memory change accepted in 2 of 2 variants; "
-                                       "7 accepted changes")
+    # How many figures moved beyond tolerance depends on the step peak's noise: not counted.
+    assert re.fullmatch(r"### ✅ kvmem: memory change accepted in 2 of 2 variants; "
+                        r"\d+ accepted changes", comment.splitlines()[1])
     accepted = comment.partition("#### ✅ Accepted changes")[2]
     row = next(line for line in accepted.splitlines() if "`gate_pr/after` | baseline peak" in line)
     old, new = json.loads(AFTER.read_text())["metrics"]["peak"], peak["new"]
