@@ -45,7 +45,7 @@ from .gate.render import RENDERERS, render_text
 from .gate.site import write_site
 from .metrics import gated
 from .report import ReportError
-from .run.defaults import DEFAULT_OUT, DEFAULT_RUNS, DEFAULT_TIMEOUT
+from .run.defaults import DEFAULT_OUT, DEFAULT_RUNS, DEFAULT_TIMEOUT, usable_cores
 from .scenario import ScenarioError, Variant, check_unique, discover, load_variants
 from .summary import Summary, SummaryError, checked, exit_status, load_summaries
 
@@ -429,7 +429,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=_seconds, metavar="SECONDS",
                      help="kill a variant that runs longer (default: the scenario's timeout, "
                           f"else {DEFAULT_TIMEOUT:g} s)")
-    _jobs_option(run)
+    _jobs_option(run, auto=True)
     run.add_argument("--shard", type=_shard, metavar="I/N",
                      help="run only the I-th of N deterministic parts of the suite's variants, "
                           "balanced by planned steps (join the parts with `kvmem merge`)")
@@ -540,10 +540,16 @@ def _gate_options(parser: argparse.ArgumentParser) -> None:
                              "$KVMEM_ARTIFACT_URL)")
 
 
-def _jobs_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--jobs", type=_whole("jobs", 1, MAX_JOBS), default=1, metavar="N",
-                        help="run up to N variants at once, each started only when its "
-                             "estimated footprint fits beside the running ones (default: 1)")
+def _jobs_option(parser: argparse.ArgumentParser, auto: bool = False) -> None:
+    """`--jobs N|auto`. `auto` (one per usable core) is `run`'s default; the commands that
+    record or judge figures default to 1, as variants sharing the cores move the step peak."""
+    whole = _whole("jobs", 1, MAX_JOBS)
+    default = f"auto, {usable_cores()} here" if auto else "1"
+    parser.add_argument("--jobs", type=lambda text: usable_cores() if text == "auto" else whole(text),
+                        default=usable_cores() if auto else 1, metavar="N|auto",
+                        help="run up to N variants at once (auto: one per usable core), each "
+                             "started only when its estimated footprint fits beside the running "
+                             f"ones (default: {default})")
 
 
 def _whole(what: str, least: int, most: int):
