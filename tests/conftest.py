@@ -17,6 +17,13 @@ SMALL_MODEL = {"dtype": "float16", "vocab": 1024,
 TOKEN_BYTES = 4 * 2 * 8 * 128 * 2  # 4 layers, K and V, float16: 16 KiB per token
 
 
+@pytest.fixture(autouse=True)
+def one_job_by_default(monkeypatch):
+    """`kvmem run` defaults to one job per core; the tests say `--jobs` where they mean it, so
+    that timings and the order of a run's output do not depend on the machine's cores."""
+    monkeypatch.setattr("harness.cli.usable_cores", lambda: 1)
+
+
 def make_spec(**fields) -> ScenarioSpec:
     fields.setdefault("name", "test")
     fields.setdefault("model", SMALL_MODEL)

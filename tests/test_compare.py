@@ -318,9 +318,8 @@ def test_json_and_junit(tmp_path, capsys):
 RUNS = 10
 
 
-@pytest.fixture(scope="module")
-def trim_runs(tmp_path_factory):
-    """Ten runs of the fixed store (trim: copy) and one with its buggy value (trim: slice)."""
+def run_trim(root: Path, runs: int, scenario: str = TRIM_SCENARIO) -> list[Path]:
+    """`runs` report folders of one scenario file, each run in turn."""
     import io
 
     from rich.console import Console
@@ -328,16 +327,22 @@ def trim_runs(tmp_path_factory):
     from harness.run.suite import run_variants
     from harness.scenario import load_variants as load
 
-    root = tmp_path_factory.mktemp("gate")
-    fixed, buggy = root / "trim.yaml", root / "trim_bug.yaml"
-    fixed.write_text(TRIM_SCENARIO)
-    buggy.write_text(TRIM_SCENARIO.replace("trim: copy", "trim: slice"))
+    path = root / "scenario.yaml"
+    path.write_text(scenario)
     quiet = Console(file=io.StringIO())
-    runs = [root / f"run{i}" for i in range(RUNS)]
-    for out in runs:
-        run_variants(load(fixed), out, quiet)
-    run_variants(load(buggy), root / "bug", quiet)
-    return runs, root / "bug"
+    folders = [root / f"run{i}" for i in range(runs)]
+    for out in folders:
+        run_variants(load(path), out, quiet)
+    return folders
+
+
+@pytest.fixture(scope="module")
+def trim_runs(tmp_path_factory):
+    """Two runs of the fixed store (trim: copy) and one with its buggy value (trim: slice)."""
+    runs = run_trim(tmp_path_factory.mktemp("gate"), 2)
+    (bug,) = run_trim(tmp_path_factory.mktemp("bug"), 1,
+                      TRIM_SCENARIO.replace("trim: copy", "trim: slice"))
+    return runs, bug
 
 
 def cli(argv: list[str], capsys) -> tuple[int, str, str]:
@@ -391,17 +396,26 @@ def test_a_run_compared_with_itself_says_no_change(trim_runs, capsys):
     assert (code, out) == (0, "✅ kvmem: no change (1 variant compared)\n")
 
 
-def test_ten_runs_compared_pairwise_raise_no_regression(trim_runs, capsys):
-    runs, _ = trim_runs
+def no_change_pairwise(runs: list[Path], capsys) -> None:
+    """Every pair of runs compares as no change; the exact metrics are equal in all."""
     loaded = [load_summaries(run)[0] for run in runs]
     for metric in ("steady", "final", "retained", "leak_rate"):       # exact on one backend
         assert len({s.metric(metric) for s in loaded}) == 1, metric
     peaks = [s.metric("peak") for s in loaded]
-    for i in range(RUNS):
-        for j in range(i + 1, RUNS):
+    for i in range(len(runs)):
+        for j in range(i + 1, len(runs)):
             code, out, err = cli(["compare", str(runs[i]), str(runs[j])], capsys)
             assert (code, err) == (0, ""), f"runs {i} and {j}, peaks {peaks}: {out}"
             assert out == "✅ kvmem: no change (1 variant compared)\n"
+
+
+def test_two_runs_compared_raise_no_regression(trim_runs, capsys):
+    no_change_pairwise(trim_runs[0], capsys)
+
+
+@pytest.mark.slow
+def test_ten_runs_compared_pairwise_raise_no_regression(tmp_path, capsys):
+    no_change_pairwise(run_trim(tmp_path, RUNS), capsys)
 
 
 def test_real_reports_removed_new_backend_and_corrupt(trim_runs, tmp_path, capsys):

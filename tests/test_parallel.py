@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -14,9 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness.cli import main
+from harness.cli import main, parser
 from harness.metrics import EXACT
 from harness.run import isolation
+from harness.run.defaults import usable_cores
 from harness.run.isolation import estimate_bytes
 from harness.run.schedule import Scheduler, shard, shards
 from harness.run.suite import run_variants
@@ -208,6 +210,20 @@ def test_a_shard_of_many_digits_is_refused_on_one_clipped_line(capsys):
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     assert f"got '1/{'9' * 38}...'" in error and len(error) < 1000
+
+
+def test_run_defaults_to_one_job_per_usable_core(monkeypatch, capsys):
+    monkeypatch.setattr("harness.cli.usable_cores", lambda: 3)
+    assert parser().parse_args(["run", "scenarios"]).jobs == 3
+    assert parser().parse_args(["run", "scenarios", "--jobs", "auto"]).jobs == 3
+    for command in (["noise", "scenarios"], ["baseline", "check"],
+                    ["gate", "pr", "--base", "main"]):
+        assert parser().parse_args([*command, "--jobs", "auto"]).jobs == 3
+        assert parser().parse_args(command).jobs == 1        # figures that are recorded or judged
+    with pytest.raises(SystemExit):
+        parser().parse_args(["run", "--help"])
+    assert "(default: auto, 3 here)" in " ".join(capsys.readouterr().out.split())
+    assert usable_cores() == len(os.sched_getaffinity(0))
 
 
 @pytest.mark.parametrize("text", ["0", "x", "1.5", "1025", "9" * 5000])
