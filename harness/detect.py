@@ -49,6 +49,13 @@ plateau (min_bytes 1 MiB, flat 64 KiB, hold 3; checked only when stated)
     t = a − b at rest rose by at least min_bytes, then held: its last `hold` deltas or more
     are flat (each |Δ| and their sum < flat) and more than any flat run before. Filled to a
     level, not leaking.
+preallocated (no settings; checked only when stated)
+    Judged on runs of requests with no store, session or server, where l at a decode step is
+    the live request's caches (and a real model's logits in flight). At each decode step i one
+    token after a decode step of the same request: t_i = m_i − m_{i-1}, what one more token
+    needs now; spare_i = l_i − m_i. Flagged where spare_i > m_i (less than half of it used) and
+    spare_i > 512 t_i (more spare slots than twice mlx-lm's 256-slot growth step, which a
+    growing cache never holds at a decode step); a warning, reported at the largest spare.
 retained (min_bytes 1 MiB, ratio 0.25, warmup 1, min_rate 64 KiB, r2 0.9, hold 3; expected none)
     excess_i = a_i − b − l_i − c_i, where a step's c_i is the larger of the measurements at
     rest before and after it, over every step but a server's in flight (its requests' working
@@ -87,7 +94,7 @@ bytes, how many steps it hit and the first MAX_STEPS_LISTED of them.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -455,6 +462,45 @@ def plateau(frame: pd.DataFrame, t: PlateauThresholds, backend: str) -> Finding 
         points["step"].iloc[first:].head(MAX_STEPS_LISTED).tolist())
 
 
+class PreallocatedThresholds(Thresholds):
+    """No settings: the bounds are what no growing cache reaches, so the finding means the same
+    on every geometry (and states only facts: what the components report, what tokens need)."""
+
+
+GROWTH_STEP = 256  # slots mlx-lm's KVCache and RotatingKVCache grow by
+
+
+def preallocated(frame: pd.DataFrame, t: PreallocatedThresholds, backend: str) -> Finding | None:
+    """Preallocated: at decode steps the caches report more than twice what their tokens need,
+    spare capacity a cache growing with its tokens never holds: a window allocated up front,
+    which costs its whole size from the first token. Informational, for a reader choosing a
+    window: the cost of its size at this workload.
+
+    Only where the reported bytes are the live request's: a store's entries, a session's
+    logits or a server's prompt cache would read as spare. Prefill steps are left out: mlx-lm's
+    RotatingKVCache keeps a chunk longer than its window until the next decode step.
+    """
+    if frame["phase"].isin(("fetch", "store", "evict", *IN_FLIGHT)).any() or (frame["turn"] >= 0).any():
+        return None
+    before = frame.shift(1)
+    one_more = ((frame["phase"] == "decode") & (before["phase"] == "decode")
+                & (frame["request"] == before["request"]) & (frame["tokens"] - before["tokens"] == 1))
+    token = frame["minimum"] - before["minimum"]
+    spare = frame["logical"] - frame["minimum"]
+    hits = frame[one_more & (token > 0) & (spare > frame["minimum"])
+                 & (spare > 2 * GROWTH_STEP * token)]
+
+    def message(at: Hashable) -> str:
+        reported, used = frame["logical"][at], frame["minimum"][at]
+        return (f"the caches report {mib(reported)} MiB at {where(frame, at)} where the "
+                f"request's {frame['tokens'][at]:,} tokens need {mib(used)} MiB "
+                f"({used / reported:.0%} used): {mib(reported - used)} MiB allocated ahead of its "
+                f"tokens, as a window allocated up front is from the first token")
+
+    found = from_hits("preallocated", hits, spare, message)
+    return None if found is None else replace(found, severity="warning")
+
+
 class RetainedThresholds(TrendThresholds):
     min_bytes: Size = 2**20
     ratio: Annotated[float, Field(ge=0.0)] = 0.25
@@ -617,15 +663,16 @@ class Detector:
 
 
 # In the order findings are reported. A growing cache spikes and grows by design, so only the
-# scenario can say whether it should, and a plateau is what a filling cache does; unbounded
-# growth with no budget stated is a warning, which the default expectation lets pass; the
-# others are expected absent everywhere.
+# scenario can say whether it should, a plateau is what a filling cache does and preallocated
+# what a window allocated up front does; unbounded growth with no budget stated is a warning,
+# which the default expectation lets pass; the others are expected absent everywhere.
 DETECTORS: dict[str, Detector] = {
     "spike": Detector(spike, SpikeThresholds, None, Marker("v", "tab:red", "peak")),
     "growth": Detector(growth, GrowthThresholds, None, Marker("^", "tab:orange")),
     "leak": Detector(leak, LeakThresholds, "none", Marker("o", "tab:purple")),
     "unbounded": Detector(unbounded, UnboundedThresholds, "none", Marker("P", "tab:green")),
     "plateau": Detector(plateau, PlateauThresholds, None, Marker("_", "tab:olive")),
+    "preallocated": Detector(preallocated, PreallocatedThresholds, None, Marker("d", "tab:olive")),
     "retained": Detector(retained, RetainedThresholds, "none", Marker("s", "tab:brown")),
     "aliased": Detector(aliased, AliasThresholds, "none", Marker("*", "tab:red")),
     "host_memory": Detector(host_memory, HostThresholds, "none", Marker("D", "tab:pink")),

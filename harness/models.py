@@ -90,6 +90,14 @@ PRESETS: dict[str, dict] = {
     # Attention is the cost: a 300-token chat request takes ~1 s on two cores (`layers: 2`:
     # ~0.4 s), since MLX's Linux wheel multiplies matrices with reference BLAS.
     "qwen3-tiny": _qwen3(64, 8, 192, tied=True, layers=4, kv_heads=8, vocab=1024),
+    # A stand-in for mlx-lm's own test model (Qwen1.5-0.5B-Chat: qwen2, tied embeddings, as
+    # many KV heads as query heads, heads of 64) at the scale of a unit test: 2 layers of 2 heads.
+    "qwen2-tiny": {
+        "model_type": "qwen2", "hidden_size": 128, "num_hidden_layers": 2,
+        "intermediate_size": 256, "num_attention_heads": 2, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6, "vocab_size": 1024, "max_position_embeddings": 32768,
+        "rope_theta": 1_000_000.0, "tie_word_embeddings": True,
+    },
     # qwen3.5-0.8b's hybrid at serve mode's scale: three GatedDeltaNet layers (four heads of
     # 128, a 256 KiB float32 state each) then one full-attention layer of 8 KV heads of 128.
     "qwen3.5-tiny": {

@@ -21,7 +21,7 @@ order, then the chunk; a decode step to the buffer in slot order.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
@@ -37,6 +37,9 @@ def _pieces(slots: list[tuple[int, int]], v: mx.array) -> list[mx.array]:
 
 class PreallocatedRotatingKVCache(_BaseCache):
     """Single-sequence sliding-window cache: one `max_size` buffer, written in place."""
+
+    # What `merge` makes: the batch class whose `single` this class is (see its __init_subclass__).
+    batch: ClassVar[type[PreallocatedBatchRotatingKVCache]]
 
     def __init__(self, max_size: int, keep: int = 0):
         if not 0 <= keep < max_size:
@@ -114,6 +117,8 @@ class PreallocatedRotatingKVCache(_BaseCache):
         pin the (larger) array it was cut from, where a partial one writes in place."""
         buffer_keys, buffer_values = self._buffers()
         n = keys.shape[2]
+        if n == 0:
+            return
         parts = [(0, n - 1), (n - 1, n)] if n == self.max_size else [(0, n)]
         for lo, hi in parts:
             buffer_keys[..., slot + lo : slot + hi, :] = keys[..., lo:hi, :]
@@ -170,16 +175,38 @@ class PreallocatedRotatingKVCache(_BaseCache):
     @property
     def keys(self) -> mx.array | None:
         """The key slots holding tokens, as mlx-lm's attribute: the whole buffer once the
-        window is full, the first `size()` slots before (the rest is allocated, unused)."""
+        window is full, the first `size()` slots before (the rest is allocated, unused).
+        Assignable as mlx-lm's is: models running a pipeline set `cache.keys =
+        mx.depends(cache.keys, h)`."""
         return self._held(self._keys)
+
+    @keys.setter
+    def keys(self, v: mx.array | None) -> None:
+        self._keys = self._assigned(self._keys, v)
 
     @property
     def values(self) -> mx.array | None:
         return self._held(self._values)
 
+    @values.setter
+    def values(self, v: mx.array | None) -> None:
+        self._values = self._assigned(self._values, v)
+
     def _held(self, v: mx.array | None) -> mx.array | None:
-        held = self.size()
+        held = max(0, self.size())  # a row extracted with more padding than tokens has offset < 0
         return v if v is None or held >= self.max_size else v[..., :held, :]
+
+    def _assigned(self, buffer: mx.array | None, v: mx.array | None) -> mx.array | None:
+        """The buffer after `keys` or `values` is set to `v`: None or a whole buffer replaces
+        it, the held slots (what the attribute reads) are written into it."""
+        if v is None or v.shape[2] == self.max_size:
+            return v
+        held = self._held(buffer)
+        if buffer is None or held is None or v.shape != held.shape:
+            raise ValueError(f"expected None, {self.max_size} slots or the held slots "
+                             f"{None if held is None else held.shape}, got {v.shape}")
+        buffer[..., : v.shape[2], :] = v
+        return buffer
 
     def keys_and_values(self) -> tuple[mx.array, mx.array]:
         keys, values = self.keys, self.values
@@ -215,12 +242,29 @@ class PreallocatedRotatingKVCache(_BaseCache):
 
     @property
     def state(self) -> tuple[Any, ...]:
-        """As mlx-lm's RotatingKVCache: the buffers, the offset, `keep`, the window, `_idx`."""
-        return self._keys, self._values, self.offset, self.keep, self.max_size, self._idx
+        """As mlx-lm's RotatingKVCache: the held slots (`keys`, `values`), the offset, `keep`,
+        the window and `_idx`. After a prefill chunk that is the window in time order, which
+        mlx-lm reads right only with `_idx` at the window: past it, mlx-lm takes the buffer for
+        its longer one and trims it again. Both classes load either's state."""
+        return self.keys, self.values, self.offset, self.keep, self.max_size, min(self._idx, self.max_size)
 
     @state.setter
     def state(self, v: tuple[Any, ...]) -> None:
-        self._keys, self._values, self.offset, self.keep, self.max_size, self._idx = v
+        keys, values, self.offset, self.keep, self.max_size, self._idx = v
+        self._load(keys, values)
+
+    def _load(self, keys: mx.array | None, values: mx.array | None) -> None:
+        """The buffers from a state's keys and values: a whole window as it is; fewer slots
+        (mlx-lm's buffer before it is full) from slot 0; more (mlx-lm's buffer after a prefill
+        chunk, in time order) kept as a prefill chunk keeps them."""
+        self._keys = self._values = None
+        if keys is None or values is None:
+            return
+        if keys.shape[2] == self.max_size:
+            self._keys, self._values = keys, values
+            return
+        self._allocate(keys, values)
+        self._store_window(keys, values)
 
     def is_trimmable(self) -> bool:
         return self._total() < self.max_size
@@ -238,7 +282,7 @@ class PreallocatedRotatingKVCache(_BaseCache):
 
     @classmethod
     def merge(cls, caches: Sequence[PreallocatedRotatingKVCache]) -> PreallocatedBatchRotatingKVCache:
-        return PreallocatedBatchRotatingKVCache.merge(caches)
+        return cls.batch.merge(caches)
 
     def _aligned(
         self, length: int, rows: int, like: PreallocatedRotatingKVCache
@@ -266,6 +310,16 @@ class PreallocatedBatchRotatingKVCache(PreallocatedRotatingKVCache):
     """Batch variant, as mlx-lm's `BatchRotatingKVCache`: rows are left-padded, `offset` holds
     each row's real token count and `left_padding` the padding slots at the front of mlx-lm's
     buffer; padding slots rotate out like any token."""
+
+    # What `extract` makes. A subclass names its own with `single=`, which merges into it, so a
+    # pair of subclasses (mlx-lm's names bound to the reference caches) stays a pair.
+    single: ClassVar[type[PreallocatedRotatingKVCache]] = PreallocatedRotatingKVCache
+
+    def __init_subclass__(cls, *, single: type[PreallocatedRotatingKVCache] | None = None,
+                          **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if single is not None:
+            cls.single, single.batch = single, cls
 
     def __init__(self, max_size: int, left_padding: list[int]):
         super().__init__(max_size)
@@ -349,15 +403,20 @@ class PreallocatedBatchRotatingKVCache(PreallocatedRotatingKVCache):
 
     @property
     def state(self) -> tuple[Any, ...]:
-        """As mlx-lm's BatchRotatingKVCache."""
-        return (self._keys, self._values, self.offset, self.left_padding, self.max_size,
-                self._offset, self._idx, self.rotated)
+        """As mlx-lm's BatchRotatingKVCache: the held slots, with `_idx` at most the window and
+        `left_padding` counted from the buffer's front (as mlx-lm holds them after its next
+        trim; see the single cache's `state`)."""
+        past = max(0, self._idx - self.max_size)
+        padding = self.left_padding - past if past else self.left_padding
+        return (self.keys, self.values, self.offset, padding, self.max_size,
+                self._offset, self._idx - past, self.rotated)
 
     @state.setter
     def state(self, v: tuple[Any, ...]) -> None:
-        (self._keys, self._values, self.offset, self.left_padding, self.max_size,
+        (keys, values, self.offset, self.left_padding, self.max_size,
          self._offset, self._idx, self.rotated) = v
         self.keep, self._lengths = 0, None
+        self._load(keys, values)
 
     def prepare(self, *, left_padding: list[int] | None = None, lengths: list[int] | None = None,
                 right_padding: list[int] | None = None) -> None:
@@ -417,17 +476,18 @@ class PreallocatedBatchRotatingKVCache(PreallocatedRotatingKVCache):
         self._offset = max(self._offset, other._offset)
 
     def extract(self, idx: int) -> PreallocatedRotatingKVCache:
-        """Row `idx` as a single-sequence cache holding its real tokens."""
+        """Row `idx` as a single-sequence cache holding its real tokens (none for a row whose
+        padding covers the buffer, as a row added to a batch after a longer one can)."""
         mx.eval(self.left_padding, self.offset)
-        cache = PreallocatedRotatingKVCache(self.max_size)
+        cache = self.single(self.max_size)
         cache.offset = int(self.offset[idx])
         if self._keys is None:
             return cache
         end = self.max_size if self.rotated else self._idx  # mlx-lm's buffer, in time order
-        start = max(0, int(self.left_padding[idx]))
-        keys, values = self._aligned(min(end - start, self.max_size), 1, self)
+        held = max(0, end - max(0, int(self.left_padding[idx])))
+        keys, values = self._aligned(min(held, self.max_size), 1, self)
         cache._fill(keys[idx : idx + 1], values[idx : idx + 1])
-        cache._idx = end - start
+        cache._idx = held
         return cache
 
     @classmethod
@@ -446,6 +506,9 @@ class PreallocatedBatchRotatingKVCache(PreallocatedRotatingKVCache):
         cache.offset = mx.array([c.offset for c in caches])
         cache._idx = cache._offset = longest
         return cache
+
+
+PreallocatedRotatingKVCache.batch = PreallocatedBatchRotatingKVCache
 
 
 def _window(spec: LayerSpec, max_size: int | None) -> int:

@@ -222,3 +222,50 @@ def test_a_buffer_cache_holding_more_than_the_floor_at_rest_is_pooled():
     assert detect.detect(frame, spec.detect, "gpu") == []
     stated = make_spec(workload=WORKLOAD, detect={"pooled": {"min_bytes": "64 MiB"}})
     assert [f.kind for f in detect.detect(frame, stated.detect, "gpu")] == ["pooled"]
+
+
+# preallocated, on served runs: 4 sliding layers of 8 KV heads of 128 in float16 (16 KiB a
+# token) with a window of 4,096 tokens, 64 MiB allocated up front by the reference cache.
+KiB = 2**10
+WINDOWED = {"dtype": "float16", "vocab": 1024,
+            "layers": [{"count": 4, "kind": "sliding", "kv_heads": 8, "head_dim": 128, "window": 4096}]}
+
+
+def windowed(component: str, prompt: int = 90, batch: int = 1) -> pd.DataFrame:
+    """The samples of a prompt then 10 decode steps."""
+    spec = make_spec(model=WINDOWED, cache={"sliding": {"component": component}},
+                     workload={"batch": batch, "requests": [{"prompt": prompt, "decode": 10}]})
+    frame, _, _ = serve(spec)
+    return frame
+
+
+def test_a_window_allocated_up_front_and_mostly_empty_is_said_with_what_it_costs():
+    found = kinds(windowed("reference.rotating"))["preallocated"]
+    assert found.severity == "warning"
+    # Judged from the second decode step (92 tokens) on; the largest spare is there.
+    assert (found.step, found.count) == (3, 9)
+    assert found.bytes == (4096 - 92) * 16 * KiB
+    assert found.message == ("the caches report 64.00 MiB at step 3 (decode) where the request's "
+                             "92 tokens need 1.44 MiB (2% used): 62.56 MiB allocated ahead of its "
+                             "tokens, as a window allocated up front is from the first token")
+
+
+@pytest.mark.parametrize("component, prompt", [
+    ("mlx_lm.RotatingKVCache", 90),    # grows 256 slots at a time
+    ("mlx_lm.KVCache", 90),
+    ("reference.rotating", 2100),       # more than half the window used
+])
+def test_caches_that_grow_with_their_tokens_or_are_mostly_used_are_not_preallocated(component, prompt):
+    assert "preallocated" not in kinds(windowed(component, prompt))
+
+
+def test_a_batch_window_allocated_up_front_is_preallocated_and_mlx_lm_s_is_not():
+    assert "preallocated" in kinds(windowed("reference.batch_rotating", batch=2))
+    assert "preallocated" not in kinds(windowed("mlx_lm.BatchRotatingKVCache", batch=2))
+
+
+@pytest.mark.parametrize("phase, turn", [("store", -1), ("fetch", -1), ("idle", 0)])
+def test_where_a_store_or_a_session_reports_bytes_too_nothing_is_judged(phase, turn):
+    frame = windowed("reference.rotating")
+    frame.loc[len(frame) - 1, ["phase", "turn"]] = [phase, turn]
+    assert "preallocated" not in kinds(frame)

@@ -162,6 +162,108 @@ def test_save_and_load_carry_on_as_the_original(tmp_path, make, steps, batch):
     attend_both(cache, loaded, [1, 1, 6, 1], batch=batch, seed=700)
 
 
+class Rotating(PreallocatedRotatingKVCache):
+    """A subclass pair, as a program binding mlx-lm's names to the reference caches has."""
+
+
+class BatchRotating(PreallocatedBatchRotatingKVCache, single=Rotating):
+    pass
+
+
+def test_a_subclass_pair_merges_and_extracts_into_each_other_and_saves_as_itself(tmp_path, monkeypatch):
+    for cls in (Rotating, BatchRotating):
+        monkeypatch.setattr(mlx_cache, cls.__name__, cls, raising=False)
+    histories = [[5], [12, 1, 1], []]
+    ours = Rotating.merge([filled(Rotating, h, 10 * i) for i, h in enumerate(histories)])
+    theirs = RotatingKVCache.merge([filled(RotatingKVCache, h, 10 * i) for i, h in enumerate(histories)])
+    assert type(ours) is BatchRotating
+    rows = [ours.extract(i) for i in range(3)]
+    their_rows = [theirs.extract(i) for i in range(3)]
+    assert {type(row) for row in rows} == {Rotating}
+    path = str(tmp_path / "cache.safetensors")
+    mlx_cache.save_prompt_cache(path, [ours, *rows])
+    loaded = mlx_cache.load_prompt_cache(path)
+    assert [type(c) for c in loaded] == [BatchRotating, Rotating, Rotating, Rotating]
+    attend_both(theirs, loaded[0], [1, 1, 3, 1], batch=3, seed=1000)
+    for i, row in enumerate(loaded[1:]):
+        attend_both(their_rows[i], row, [1, 2, 1], seed=1100 + i)
+
+
+def other_class(cache):
+    """mlx-lm's class for a reference cache and the reference class for one of mlx-lm's."""
+    return {RotatingKVCache: PreallocatedRotatingKVCache,
+            PreallocatedRotatingKVCache: RotatingKVCache,
+            BatchRotatingKVCache: PreallocatedBatchRotatingKVCache,
+            PreallocatedBatchRotatingKVCache: BatchRotatingKVCache}[type(cache)]
+
+
+# Update patterns leaving each layout a state can have: before the window fills, mlx-lm's buffer
+# past the window after a prefill chunk, a chunk after history, wrapped by decode steps, and a
+# buffer mlx-lm grew in 256-slot steps (window 300).
+STATE_STEPS = {"partial": [3], "past-the-window": [12], "chunk-after-history": [5, 6],
+               "wrapped": [9, 1, 1], "chunk-then-decode": [12, 1], "mixed": [4, 7, 1, 9],
+               "grown": [1, 1, 1]}
+
+
+@pytest.mark.parametrize("steps", STATE_STEPS)
+@pytest.mark.parametrize("make,batch", [
+    (lambda n: RotatingKVCache(n, keep=2), 1),
+    (lambda n: PreallocatedRotatingKVCache(n, keep=2), 1),
+    (lambda n: BatchRotatingKVCache(n, [0, 3]), 2),
+    (lambda n: PreallocatedBatchRotatingKVCache(n, [0, 3]), 2),
+], ids=["from-mlx-lm", "to-mlx-lm", "batch-from-mlx-lm", "batch-to-mlx-lm"])
+def test_a_state_saved_loads_in_the_other_class_and_carries_on_alike(steps, make, batch, tmp_path,
+                                                                    monkeypatch):
+    """Saved by one class, loaded by the other, as a file saved with mlx-lm's names bound to the
+    reference caches and loaded without (or the reverse) is."""
+    source = make(300 if steps == "grown" else 8)
+    for i, n in enumerate(STATE_STEPS[steps]):
+        mx.eval(source.update_and_fetch(*kv(i, n, batch)))
+    path = str(tmp_path / "cache.safetensors")
+    mlx_cache.save_prompt_cache(path, [source])
+    monkeypatch.setattr(mlx_cache, type(source).__name__, other_class(source), raising=False)
+    (loaded,) = mlx_cache.load_prompt_cache(path)
+    assert type(loaded) is other_class(source)
+    if type(loaded) is BatchRotatingKVCache:
+        loaded._lengths = None  # mlx-lm's from_state leaves it unset, for its own state too
+    assert loaded.size() == source.size() and loaded.is_trimmable() == source.is_trimmable()
+    attend_both(source, loaded, [1, 1, 6, 1, 1], batch=batch, seed=1200)
+
+
+@pytest.mark.parametrize("theirs,ours,steps,batch", [
+    (lambda: RotatingKVCache(8), lambda: PreallocatedRotatingKVCache(8), [5], 1),
+    (lambda: RotatingKVCache(8), lambda: PreallocatedRotatingKVCache(8), [9, 1], 1),
+    (lambda: BatchRotatingKVCache(8, [0, 2]), lambda: PreallocatedBatchRotatingKVCache(8, [0, 2]), [5], 2),
+    (lambda: BatchRotatingKVCache(8, [0, 2]), lambda: PreallocatedBatchRotatingKVCache(8, [0, 2]), [9, 1], 2),
+], ids=["partial", "full", "batch-partial", "batch-full"])
+def test_keys_and_values_take_a_pipeline_s_assignment_as_mlx_lm_s_do(theirs, ours, steps, batch):
+    """qwen2, deepseek and qwen3_5 running a pipeline set `cache.keys = mx.depends(cache.keys, h)`."""
+    caches = theirs(), ours()
+    attend_both(*caches, steps, batch=batch)
+    h = mx.ones((1,))
+    for cache in caches:
+        cache.keys = mx.depends(cache.keys, h)
+        cache.values = mx.depends(cache.values, h)
+    assert caches[0].keys_and_values()[0].shape == caches[1].keys.shape
+    attend_both(*caches, [1, 1, 4, 1], batch=batch, seed=1300)
+
+
+def test_extract_a_row_with_more_left_padding_than_tokens_matches_mlx_lm():
+    """An empty batch cache with left padding, extended by one holding 5 tokens: its row's
+    padding (2 + 5) passes the buffer's 5 slots, and it extracts holding nothing."""
+    theirs, ours = BatchRotatingKVCache(8, [2]), PreallocatedBatchRotatingKVCache(8, [2])
+    other = BatchRotatingKVCache(8, [0]), PreallocatedBatchRotatingKVCache(8, [0])
+    attend_both(*other, [5])
+    theirs.extend(other[0])
+    ours.extend(other[1])
+    assert ours.left_padding.tolist() == theirs.left_padding.tolist() == [7, 0]
+    rows = theirs.extract(0), ours.extract(0)
+    assert rows[1].offset == rows[0].offset == -2 and not rows[1].empty()
+    assert rows[1].keys.shape == rows[0].keys.shape == (1, H, 0, D)
+    attend_both(*rows, [3, 1, 1])
+    attend_both(theirs.extract(1), ours.extract(1), [1, 2, 1], seed=1400)
+
+
 @pytest.mark.parametrize("theirs,ours", [
     (lambda: RotatingKVCache(8, keep=2), lambda: PreallocatedRotatingKVCache(8, keep=2)),
     (lambda: BatchRotatingKVCache(8, [0, 2]), lambda: PreallocatedBatchRotatingKVCache(8, [0, 2])),

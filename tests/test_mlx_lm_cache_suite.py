@@ -1,52 +1,55 @@
-"""mlx-lm's own prompt-cache tests, run on kvmem's rotating caches.
+"""mlx-lm's own tests of its caches, generation and models, run on kvmem's rotating caches.
 
-The test file comes from the source distribution of the installed mlx-lm (never copied into this
+The test files come from the source distribution of the installed mlx-lm (never copied into this
 repository): from the folder `KVMEM_MLX_LM_TESTS` names, else downloaded once with pip into
-pytest's cache. Its module-level `RotatingKVCache` and `BatchRotatingKVCache`, and mlx-lm's own
-(which `load_prompt_cache` looks classes up in), are swapped for empty subclasses of the
-reference caches carrying those names. Offline with neither, the test is skipped.
+pytest's cache. Each file runs twice in a process of its own (`tests/mlx_lm_swap.py`): with
+mlx-lm's `RotatingKVCache` and `BatchRotatingKVCache`, then with the reference caches bound
+wherever those are. The swap must pass exactly the tests mlx-lm's own classes pass. The files
+load `mlx-community/Qwen1.5-0.5B-Chat-4bit` from the Hugging Face Hub; a generated `qwen2-tiny`
+folder (random weights, a byte-level BPE tokenizer: `harness.model_folder`) loads in its place.
+Offline with neither the folder nor pip, the test is skipped.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
-import io
+import json
 import os
 import subprocess
 import sys
 import tarfile
-import unittest
 from pathlib import Path
-from types import ModuleType
 
 import pytest
-from mlx_lm.models import cache as mlx_cache
 
-from reference_impl.rotating import PreallocatedBatchRotatingKVCache, PreallocatedRotatingKVCache
+from harness.model_folder import folder
+from harness.models import ModelChoice
 
 VERSION = importlib.metadata.version("mlx-lm")
-TEST_FILE = "test_prompt_cache.py"
-# Tests that cannot run here, each with why; every other test in the file must pass.
-EXCLUDED = {
-    "test_cache_with_generate": "loads a model from the Hugging Face Hub (network, weights)",
-    "test_trim_cache_with_generate": "loads a model from the Hugging Face Hub (network, weights)",
-    "test_cache_to_quantized": "loads a model from the Hugging Face Hub (network, weights)",
+REAL_WEIGHTS = "the real model's output: the stand-in's weights are random"
+# Tests that cannot pass here, each with why; every other test in each file must pass with
+# mlx-lm's classes and with the reference caches.
+EXCLUDED: dict[str, dict[str, str]] = {
+    "test_generate.py": {
+        "TestGenerate.test_generate_with_logit_bias":
+            "expects '!!!!!', token 0 in Qwen's vocabulary; the stand-in's token 0 is special",
+        "TestGenerate.test_stream_generate_input_embeddings": REAL_WEIGHTS + " (expects 'TEST')",
+        "TestGenerate.test_stream_generate_input_embeddings_prefill":
+            REAL_WEIGHTS + " (expects 'TEST')",
+    },
+    "test_prompt_cache.py": {},
+    "test_models.py": {
+        "TestModels.test_bitnet": "a Metal kernel; MLX runs on its CPU backend here",
+        "TestModels.test_gated_delta": "a Metal kernel; MLX runs on its CPU backend here",
+        "TestModels.test_gated_delta_masked": "a Metal kernel; MLX runs on its CPU backend here",
+    },
 }
-
-
-class RotatingKVCache(PreallocatedRotatingKVCache):
-    """The reference single-sequence cache under mlx-lm's class name."""
-
-
-class BatchRotatingKVCache(PreallocatedBatchRotatingKVCache):
-    """The reference batch cache under mlx-lm's class name."""
 
 
 def _download(folder: Path) -> Path | None:
     """mlx-lm's tests folder from its source distribution, fetched with pip into `folder`."""
     tests = folder / f"mlx_lm-{VERSION}" / "tests"
-    if (tests / TEST_FILE).exists():
+    if all((tests / name).exists() for name in EXCLUDED):
         return tests
     fetched = subprocess.run(
         [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
@@ -57,44 +60,59 @@ def _download(folder: Path) -> Path | None:
         return None
     with tarfile.open(archives[0]) as archive:
         archive.extractall(folder, filter="data")
-    return tests if (tests / TEST_FILE).exists() else None
+    return tests if all((tests / name).exists() for name in EXCLUDED) else None
 
 
 @pytest.fixture(scope="module")
 def mlx_lm_tests(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     named = os.environ.get("KVMEM_MLX_LM_TESTS")
     if named:
-        folder = Path(named)
-        if not (folder / TEST_FILE).exists():
-            pytest.fail(f"KVMEM_MLX_LM_TESTS={named} holds no {TEST_FILE}")
-        return folder
+        missing = [name for name in EXCLUDED if not (Path(named) / name).exists()]
+        if missing:
+            pytest.fail(f"KVMEM_MLX_LM_TESTS={named} holds no {', '.join(missing)}")
+        return Path(named)
     cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
     found = _download(Path(cache.mkdir("mlx_lm_sdist")) if cache else tmp_path_factory.mktemp("mlx_lm"))
     if found is None:
         pytest.skip(f"mlx-lm {VERSION}'s tests are not available: set KVMEM_MLX_LM_TESTS to a "
-                    f"folder holding its {TEST_FILE}, or allow pip to download its sdist")
+                    f"folder holding {', '.join(EXCLUDED)}, or allow pip to download its sdist")
     return found
 
 
-def _load(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("mlx_lm_test_prompt_cache", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture(scope="module")
+def stand_in(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Hub model's stand-in: qwen2 like it, float32 as test_generate casts it."""
+    choice = ModelChoice("qwen2-tiny", None, None, None, "float32", None, 64)
+    return folder(choice, tmp_path_factory.mktemp("models"))
 
 
-def test_reference_caches_pass_mlx_lm_prompt_cache_tests(mlx_lm_tests, monkeypatch):
-    module = _load(mlx_lm_tests / TEST_FILE)
-    for cls in (RotatingKVCache, BatchRotatingKVCache):
-        monkeypatch.setattr(module, cls.__name__, cls)
-        monkeypatch.setattr(mlx_cache, cls.__name__, cls)
-    # The class set-up loads a model for the excluded tests only.
-    monkeypatch.setattr(module, "load", lambda path: (None, None))
-    names = unittest.defaultTestLoader.getTestCaseNames(module.TestPromptCache)
-    assert set(EXCLUDED) <= set(names), "an excluded test is gone: update EXCLUDED"
-    suite = unittest.TestSuite(module.TestPromptCache(n) for n in names if n not in EXCLUDED)
-    result = unittest.TextTestRunner(stream=io.StringIO(), verbosity=0).run(suite)
-    failed = {test.id().rsplit(".", 1)[-1]: trace for test, trace in result.failures + result.errors}
-    assert failed == {}, "\n".join(f"{name}:\n{trace}" for name, trace in failed.items())
-    assert result.testsRun == len(names) - len(EXCLUDED) > 0
+def runs(tests: Path, file: str, model: Path, out: Path) -> dict[str, dict]:
+    """Runs of `file` with mlx-lm's caches ("mlx_lm") and the reference caches ("reference"),
+    side by side: each test's outcome, and the modules in which the swap replaced a class."""
+    children = {caches: subprocess.Popen(
+        [sys.executable, "-m", "tests.mlx_lm_swap", str(tests), file, str(model), caches,
+         str(out / f"{caches}.json"), *EXCLUDED[file]],
+        cwd=Path(__file__).parent.parent, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True) for caches in ("mlx_lm", "reference")}
+    ran = {}
+    for caches, child in children.items():
+        _, stderr = child.communicate(timeout=300)
+        written = out / f"{caches}.json"
+        assert child.returncode == 0 and written.exists(), f"{caches}: {stderr[-3000:]}"
+        ran[caches] = json.loads(written.read_text())
+    return ran
+
+
+@pytest.mark.parametrize("file", EXCLUDED)
+def test_reference_caches_pass_what_mlx_lm_caches_pass(file, mlx_lm_tests, stand_in, tmp_path):
+    ran = runs(mlx_lm_tests, file, stand_in, tmp_path)
+    theirs, ours = ran["mlx_lm"]["outcomes"], ran["reference"]["outcomes"]
+    swapped = {"mlx_lm.models.cache", f"mlx_lm_tests.{Path(file).stem}"}
+    assert swapped <= set(ran["reference"]["swapped"]), "the swap missed mlx-lm's classes"
+    assert len(theirs) > 0
+    failing = {name: outcome for name, outcome in theirs.items() if outcome.startswith("failed")}
+    assert failing == {}, "with mlx-lm's own classes: fix the stand-in or exclude with a reason"
+    differ = {name: (outcome, ours.get(name)) for name, outcome in theirs.items()
+              if ours.get(name) != outcome}
+    assert differ == {}, "(mlx-lm's classes, the reference caches)"
+    assert ours.keys() == theirs.keys()
