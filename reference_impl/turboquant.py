@@ -26,9 +26,12 @@ codes: importing this module wraps that function so that what this cache returns
 to `attention`, and everything else to mlx-lm's as before.
 
 `on_restore` is the seed's bug switch for rebuilding a cache from its state (`from_state`, which
-a store's hit and mlx-lm's `load_prompt_cache` call): `dequantize` (before) expands it into a full
-fp16 `KVCache`, 16/b times the codes, and the quantized and fp16 copies coexist while it does;
-`keep` (after) stays quantized.
+a store's hit and mlx-lm's `load_prompt_cache` call): `keep` (after, the default) stays
+quantized, so a restored conversation goes on exactly as the uninterrupted one; `dequantize`
+(before) expands it into a full fp16 `KVCache`, 16/b times the codes, and the quantized and fp16
+copies coexist while it does. That `KVCache` holds every later token in fp16 where this cache
+would quantize it, so the conversation drifts from the uninterrupted one (measured in
+docs/reference_caches.md).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from mlx_lm.models import base as mlx_lm_base
 from mlx_lm.models.cache import KVCache, _BaseCache, create_attention_mask
 
 BITS = (2, 3, 4, 8)
-ON_RESTORE = ("dequantize", "keep")
+ON_RESTORE = ("keep", "dequantize")
 _WORD = 32
 _GROUP = 128  # the largest group mx.quantized_matmul takes
 
@@ -242,7 +245,7 @@ class TurboQuantKVCache(_BaseCache):
 
     step = 256
 
-    def __init__(self, head_dim: int, bits: int = 4, on_restore: str = "dequantize", seed: int = 0):
+    def __init__(self, head_dim: int, bits: int = 4, on_restore: str = "keep", seed: int = 0):
         if bits not in BITS:
             raise ValueError(f"bits must be one of {BITS}, got {bits}")
         if on_restore not in ON_RESTORE:
@@ -414,6 +417,6 @@ class TurboQuantKVCache(_BaseCache):
         return n
 
 
-def turboquant(spec, bits: int = 4, on_restore: str = "dequantize", seed: int = 0) -> TurboQuantKVCache:
+def turboquant(spec, bits: int = 4, on_restore: str = "keep", seed: int = 0) -> TurboQuantKVCache:
     """Layer-cache factory: one TurboQuant cache for the layer described by `spec`."""
     return TurboQuantKVCache(spec.head_dim, bits=bits, on_restore=on_restore, seed=seed)

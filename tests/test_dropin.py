@@ -345,3 +345,22 @@ def test_turboquant_greedy_tokens_match_kv_cache_on_rounded_keys_and_values(bits
     assert greedy(model, [TurboQuantKVCache(D, bits=bits) for _ in model.layers]) == expected
     assert len(set(expected)) > 10
 
+
+def test_a_restored_turboquant_conversation_goes_on_as_the_uninterrupted_one():
+    """With the default `on_restore` (keep), caches rebuilt from their state (as a store's hit
+    or `load_prompt_cache` rebuilds them) after a turn give the next turn's 40 tokens exactly
+    as the caches never interrupted. (`dequantize` gives fp16 `KVCache`s, which keep the next
+    tokens unquantized: docs/reference_caches.md has how far that drifts.)"""
+    model = llama_model()
+
+    def turn(caches: list, key: int, prompt: int, steps: int) -> list[int]:
+        tokens = mx.random.randint(0, 128, (prompt,), key=mx.random.key(key))
+        return [t for t, _ in generate_step(tokens, model, prompt_cache=caches, max_tokens=steps,
+                                            prefill_step_size=12)]
+
+    caches = [TurboQuantKVCache(D) for _ in model.layers]
+    turn(caches, 5, 40, 30)
+    restored = [TurboQuantKVCache.from_state(c.state) for c in caches]
+    assert all(type(c) is TurboQuantKVCache for c in restored)
+    uninterrupted = turn(caches, 6, 20, 40)
+    assert turn(restored, 6, 20, 40) == uninterrupted and len(set(uninterrupted)) > 10
