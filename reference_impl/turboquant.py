@@ -67,6 +67,7 @@ def signs(head_dim: int, seed: int = 0) -> mx.array:
 
 
 def _hadamard(x: mx.array) -> mx.array:
+    """The orthonormal Hadamard transform of the last axis, its own inverse."""
     return mx.hadamard_transform(x, scale=x.shape[-1] ** -0.5)
 
 
