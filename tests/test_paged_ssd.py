@@ -229,7 +229,7 @@ def test_turboquant_blocks_read_back_from_disk_restore_the_same_codes(stores, tm
     blocks = [read_block(tmp_path / f"{key}.block") for key in store._chain(TOKENS, 4)]
     restored = restore_layer([b.pieces[1] for b in blocks])
     assert type(restored) is TurboQuantKVCache and restored.offset == 4 * BLOCK
-    assert restored.nbytes == 4 * CODES and (restored.code_bits, restored.on_restore) == (4, "keep")
+    assert restored.nbytes == 4 * CODES and (restored.bits, restored.on_restore) == (4, "keep")
     assert all(mx.array_equal(a, b) for a, b in zip(restored.state[:4], caches[1].codes(0, 256), strict=True))
 
 

@@ -1,6 +1,7 @@
-"""TurboQuant cache: packing is exact, the error is bounded, bytes are the packed bytes,
-dequantizing on restore costs exactly 16/b times the codes, and what `update_and_fetch` returns
-is what an unmodified mlx-lm model attends over."""
+"""TurboQuant cache: packing is exact and mlx's own, the error is bounded, bytes are the packed
+bytes, dequantizing on restore costs exactly 16/b times the codes, attention reads the codes in
+place (what `update_and_fetch` returns, through mlx-lm's own attention) and a decode step holds
+at most `step_transient` bytes beyond what stays."""
 
 from __future__ import annotations
 
@@ -8,9 +9,20 @@ import math
 
 import mlx.core as mx
 import pytest
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models import base as mlx_lm_base
+from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
-from reference_impl.turboquant import BITS, TurboQuantKVCache, dequantize, pack, quantize, rotate, unpack
+from reference_impl.turboquant import (
+    BITS,
+    Held,
+    TurboQuantKVCache,
+    dequantize,
+    pack,
+    quantize,
+    rotate,
+    step_transient,
+    unpack,
+)
 from tests.conftest import active
 
 B, H, D = 1, 2, 64
@@ -41,6 +53,14 @@ def test_pack_round_trips_and_uses_b_bits_per_code(bits):
     words = pack(codes, bits)
     assert words.dtype == mx.uint32 and words.shape == (3, 5, D * bits // 32)
     assert mx.array_equal(unpack(words, bits, D), codes)
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_codes_are_packed_as_mx_quantize_packs_them(bits):
+    """What lets `mx.quantized_matmul` read the codes where they lie."""
+    for group in (32, 64):
+        words, _, _ = mx.quantize(mx.random.normal((3, 5, D)), group_size=group, bits=bits)
+        assert mx.array_equal(pack(unpack(words, bits, D), bits), words)
 
 
 def test_rotation_is_orthogonal():
@@ -126,31 +146,119 @@ def test_state_round_trips_the_codes():
         assert mx.array_equal(a, b)
 
 
-def test_updates_return_every_token_as_attention_reads_it():
-    """Pending tokens as given; once decoding starts, every earlier token dequantized from its
-    codes; then a new chunk as given after them. The input dtype throughout."""
+def test_updates_return_the_codes_in_place_and_pending_tokens_as_given():
+    """Before decoding starts, the prefill as given (mlx's attention reads it as an fp16
+    cache's); then the codes' buffers themselves, whose first `held` slots hold every token
+    quantized, and a later chunk pending as given."""
     cache = TurboQuantKVCache(D, bits=4)
     first, token, chunk = kv(20), kv(1, seed=2), kv(6, seed=4)
     keys, values = cache.update_and_fetch(*first)
     assert mx.array_equal(keys, first[0]) and mx.array_equal(values, first[1])
 
-    def rounded(x: mx.array) -> mx.array:
-        return dequantize(*quantize(x, 4), 4, D)
-
     seen = [mx.concatenate([a, b], axis=2) for a, b in zip(first, token, strict=True)]
-    keys, values = cache.update_and_fetch(*token)
-    assert keys.dtype == mx.float16 and keys.shape == (B, H, 21, D)
-    assert mx.array_equal(keys, rounded(seen[0])) and mx.array_equal(values, rounded(seen[1]))
-    keys, values = cache.update_and_fetch(*chunk)
-    assert mx.array_equal(keys, mx.concatenate([rounded(seen[0]), chunk[0]], axis=2))
-    assert mx.array_equal(values, mx.concatenate([rounded(seen[1]), chunk[1]], axis=2))
+    for _ in range(2):
+        keys, values = cache.update_and_fetch(*token) if _ == 0 else cache.update_and_fetch(*chunk)
+        assert isinstance(keys, Held) and isinstance(values, Held) and keys.held == 21
+        assert cache.packed is not None and keys.codes is cache.packed[0]
+        assert values.scales is cache.packed[3] and keys.codes.shape[2] == cache.step
+        for held, x in ((keys, seen[0]), (values, seen[1])):
+            codes, scale = quantize(x, 4)
+            assert mx.array_equal(held.codes[..., :21, :], codes)
+            assert mx.array_equal(held.scales[..., :21, :], scale)
+    assert mx.array_equal(keys.pending, chunk[0]) and mx.array_equal(values.pending, chunk[1])
 
 
-def test_the_width_is_not_called_bits():
-    """mlx-lm's attention treats a cache with a `bits` attribute as its own affine-quantized
-    one (`mx.quantized_matmul` with its `group_size`), which TurboQuant's codes are not."""
-    cache = TurboQuantKVCache(D, bits=3)
-    assert cache.code_bits == 3 and not hasattr(cache, "bits")
+def reference(queries: mx.array, keys, values, bits: int, mask) -> mx.array:
+    """Float32 attention over the keys and values a step returned, the codes dequantized."""
+    if isinstance(keys, Held):
+        parts = []
+        for held in (keys, values):
+            codes, scales = held.codes[..., : held.held, :], held.scales[..., : held.held, :]
+            whole = [dequantize(codes, scales, bits, D)]
+            if held.pending is not None:
+                whole.append(held.pending)
+            parts.append(mx.concatenate(whole, axis=2).astype(mx.float32))
+        keys, values = parts
+    return mx.fast.scaled_dot_product_attention(queries.astype(mx.float32), keys.astype(mx.float32),
+                                                values.astype(mx.float32), scale=D**-0.5,
+                                                mask=mask)
+
+
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("window", [None, 5])
+def test_attention_over_the_codes_is_attention_over_them_dequantized(bits, window):
+    """mlx-lm's own attention, given this cache, attends over the codes in place (4 query heads
+    on 2 KV heads): what float32 attention gives over the codes dequantized and the pending
+    tokens, to the fp16 output's rounding. Chunks after codes, windowed (boolean) masks, the
+    spare slots of the buffers, and an additive mask."""
+    cache = TurboQuantKVCache(D, bits=bits)
+    for i, n in enumerate([20, 1, 1, 7, 1, 3] + [1] * 240 + [4, 1]):
+        k, v = kv(n, seed=10 * i)
+        queries = mx.random.normal((B, 2 * H, n, D), key=mx.random.key(5000 + i)).astype(mx.float16)
+        mask = cache.make_mask(n, window_size=window)
+        keys, values = cache.update_and_fetch(k, v)
+        out = mlx_lm_base.scaled_dot_product_attention(queries, keys, values, cache,
+                                                       scale=D**-0.5, mask=mask)
+        assert out.dtype == mx.float16 and out.shape == queries.shape
+        expected = reference(queries, keys, values, bits, mask)
+        assert mx.allclose(out.astype(mx.float32), expected, atol=2**-8, rtol=0).item(), (i, n)
+    additive = mx.random.normal((1, cache.offset), key=mx.random.key(7)) * 4
+    out = mlx_lm_base.scaled_dot_product_attention(queries[..., -1:, :], keys, values, cache,
+                                                   scale=D**-0.5, mask=additive)
+    expected = reference(queries[..., -1:, :], keys, values, bits, additive)
+    assert mx.allclose(out.astype(mx.float32), expected, atol=2**-8, rtol=0).item()
+
+
+def test_mlx_lm_quantized_kv_cache_attends_as_before():
+    """Importing this module routes mlx-lm's quantized attention: its own QuantizedKVCache still
+    gets mlx-lm's, unchanged."""
+    theirs = mlx_lm_base.quantized_scaled_dot_product_attention.__wrapped__
+    cache = QuantizedKVCache(group_size=32, bits=4)
+    queries = mx.random.normal((B, 2 * H, 1, D), key=mx.random.key(3)).astype(mx.float16)
+    keys, values = cache.update_and_fetch(*kv(9))
+    # mlx-lm's scales the queries in place (`queries *= scale`): each call gets its own.
+    out = mlx_lm_base.scaled_dot_product_attention(mx.array(queries), keys, values, cache,
+                                                   scale=0.1, mask=None)
+    expected = theirs(mx.array(queries), keys, values, 0.1, None, group_size=32, bits=4)
+    assert mx.array_equal(out, expected)
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_a_decode_step_holds_at_most_step_transient(bits):
+    """A layer's decode step through mlx-lm's attention (8 query heads on 2 KV heads of 128)
+    holds at most `step_transient` bytes beyond what stays, the first one (which also quantizes
+    the 1,000-token prefill) as the later ones; the bound of a later step is under a quarter of
+    the layer's fp16 keys and values, which dequantizing for attention held 7-18 times over."""
+    heads, kv_heads, dim, tokens = 8, 2, 128, 1000
+    cache = TurboQuantKVCache(dim, bits=bits)
+
+    def kv_of(n: int, seed: int) -> list[mx.array]:
+        shape = (B, kv_heads, n, dim)
+        return [mx.random.normal(shape, key=mx.random.key(seed + i)).astype(mx.float16)
+                for i in (0, 1)]
+
+    def step(seed: int) -> int:
+        k, v = kv_of(1, seed)
+        queries = mx.random.normal((B, heads, 1, dim), key=mx.random.key(seed + 2))
+        queries = queries.astype(mx.float16)
+        mx.eval(k, v, queries)
+        before = active()
+        mx.reset_peak_memory()
+        keys, values = cache.update_and_fetch(k, v)
+        out = mlx_lm_base.scaled_dot_product_attention(queries, keys, values, cache,
+                                                       scale=dim**-0.5, mask=cache.make_mask(1))
+        mx.eval(out)
+        del keys, values, out
+        return mx.get_peak_memory() - max(before, active())
+
+    mx.eval(cache.update_and_fetch(*kv_of(tokens, 0)))  # the prefill, pending
+    slots = 1024
+    assert step(10) <= step_transient(slots, heads, kv_heads, dim, bits, pending=tokens)
+    bound = step_transient(slots, heads, kv_heads, dim, bits)
+    for i in range(3):
+        assert step(20 + 10 * i) <= bound
+    assert cache.packed is not None and cache.packed[0].shape[2] == slots
+    assert bound < 2 * B * kv_heads * tokens * dim * 2 // 4
 
 
 def test_rejects_unknown_settings():
