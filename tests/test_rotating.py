@@ -130,9 +130,9 @@ def test_a_prefill_chunk_after_history_holds_one_window_copy_during_the_step(bat
     # update_and_fetch evaluates nothing (it would break mx.compile), so reading the history a
     # chunk attends to and writing the window are one graph: while the read's views are alive
     # MLX copies the buffer to write it, at most once (after some other tests in the same
-    # process it was seen to write in place, 3 runs in 6: either is right). The step holds what it returns (history + chunk) and at most that copy;
-    # afterwards only the window is left. (Beyond these, the batch cache's int32 row counts: a
-    # few bytes.)
+    # process it was seen to write in place, 3 runs in 6: either is right). The step holds
+    # what it returns (history + chunk) and at most that copy; afterwards only the window is
+    # left. (Beyond these, the batch cache's int32 row counts: a few bytes.)
     mx.clear_cache()
     base = active()
     cache = (PreallocatedRotatingKVCache(600) if batch == 1
