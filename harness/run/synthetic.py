@@ -2,7 +2,10 @@
 
 The engine needs fresh K/V arrays every step in the geometry's shapes and dtype, as a model's
 projections would produce them, without drawing gigabytes of random numbers per run. A small
-seeded pool per layer shape is drawn once; each step gathers from it into new arrays.
+seeded pool per layer shape is drawn once; each step copies from it into new arrays: token t of
+a step starting at cursor c is pool token (c + t) mod POOL_TOKENS, written as contiguous copies
+of the pool (a gather over that repeating index is about six times slower on MLX's CPU backend,
+and was most of a large prefill chunk's time).
 """
 
 from __future__ import annotations
@@ -41,10 +44,10 @@ class SyntheticKV:
         if layer.kind == KIND_RECURRENT:
             x = mx.full((self._batch, 1, tokens, 1), self._cursor % 7, dtype=mx.float32)
             return x, x
-        pool = self._pool(layer)
-        idx = (mx.arange(tokens) + self._cursor) % POOL_TOKENS
+        pool, start = self._pool(layer), self._cursor
         self._cursor = (self._cursor + 1) % POOL_TOKENS
-        return mx.take(pool, idx, axis=2), mx.take(pool, idx + POOL_TOKENS, axis=2)
+        return (_repeated(pool[:, :, :POOL_TOKENS], start, tokens),
+                _repeated(pool[:, :, POOL_TOKENS:], start, tokens))
 
     def logits(self, vocab: int) -> mx.array:
         """New float32 logits of shape (batch, vocab) for one decode step."""
@@ -59,3 +62,14 @@ class SyntheticKV:
         if layer.kind == KIND_RECURRENT:
             return 4 * layer.batch * tokens
         return layer.token_bytes() * layer.batch * tokens
+
+
+def _repeated(pool: mx.array, start: int, tokens: int) -> mx.array:
+    """Tokens start, start + 1, ... of `pool` along axis 2, wrapping around it, as a new array."""
+    if start + tokens <= POOL_TOKENS:
+        return mx.contiguous(pool[:, :, start:start + tokens])
+    rolled = mx.concatenate([pool[:, :, start:], pool[:, :, :start]], axis=2) if start else pool
+    batch, heads, _, dim = rolled.shape
+    reps = -(-tokens // POOL_TOKENS)
+    tiled = mx.broadcast_to(rolled[:, :, None], (batch, heads, reps, POOL_TOKENS, dim))
+    return mx.contiguous(tiled.reshape(batch, heads, reps * POOL_TOKENS, dim)[:, :, :tokens])
