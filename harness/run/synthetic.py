@@ -3,9 +3,9 @@
 The engine needs fresh K/V arrays every step in the geometry's shapes and dtype, as a model's
 projections would produce them, without drawing gigabytes of random numbers per run. A small
 seeded pool per layer shape is drawn once; each step copies from it into new arrays: token t of
-a step starting at cursor c is pool token (c + t) mod POOL_TOKENS, written as contiguous copies
-of the pool (a gather over that repeating index is about six times slower on MLX's CPU backend,
-and was most of a large prefill chunk's time).
+a step starting at cursor c is pool token (c + t) mod POOL_TOKENS, written as one concatenation
+of slices of the pool (a gather over that repeating index is about five times slower on MLX's
+CPU backend, and was most of a large prefill chunk's time).
 """
 
 from __future__ import annotations
@@ -65,11 +65,11 @@ class SyntheticKV:
 
 
 def _repeated(pool: mx.array, start: int, tokens: int) -> mx.array:
-    """Tokens start, start + 1, ... of `pool` along axis 2, wrapping around it, as a new array."""
-    if start + tokens <= POOL_TOKENS:
-        return mx.contiguous(pool[:, :, start:start + tokens])
-    rolled = mx.concatenate([pool[:, :, start:], pool[:, :, :start]], axis=2) if start else pool
-    batch, heads, _, dim = rolled.shape
-    reps = -(-tokens // POOL_TOKENS)
-    tiled = mx.broadcast_to(rolled[:, :, None], (batch, heads, reps, POOL_TOKENS, dim))
-    return mx.contiguous(tiled.reshape(batch, heads, reps * POOL_TOKENS, dim)[:, :, :tokens])
+    """Tokens start, start + 1, ... of `pool` along axis 2, wrapping around it, as one new array
+    of exactly `tokens` tokens (the pieces are views: nothing else is allocated)."""
+    pieces, at = [], start
+    while tokens:
+        count = min(POOL_TOKENS - at, tokens)
+        pieces.append(pool[:, :, at:at + count])
+        tokens, at = tokens - count, 0
+    return mx.contiguous(pieces[0]) if len(pieces) == 1 else mx.concatenate(pieces, axis=2)
