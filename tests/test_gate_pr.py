@@ -14,24 +14,10 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
+from tests.summaries import TRIM_SCENARIO
 
-SCENARIO = """\
-name: gate_pr
-description: A prefix store keeps each finished request's cache; trimming by slice is its bug.
-model: {dtype: float16, vocab: 1024, layers: [{count: 2, kind: full, kv_heads: 2, head_dim: 64}]}
-cache:
-  layer: {component: mlx_lm.KVCache}
-  store: {component: reference.prefix_cache, options: {trim: copy}}
-detect:
-  retained: {min_bytes: 256 KiB}   # the default 1 MiB is more than this scenario holds
-workload:
-  prefill_chunk: 64
-  requests:
-    - {prompt: 100, decode: 8}
-    - {prompt: 140, decode: 8, prefix: {request: 0, tokens: 100}}
-    - {prompt: 300, decode: 8}
-variants:
-  after: {}
+# The gate's small prefix-store scenario, with its bug as a canary beside the fix.
+SCENARIO = TRIM_SCENARIO.replace("name: gate_trim", "name: gate_pr") + """\
   before:                          # the canary: slices keep whole buffers alive
     cache: {store: {options: {trim: slice}}}
     expect: {retained: detected}
