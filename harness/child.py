@@ -6,8 +6,9 @@ child ignores Ctrl-C, which reaches the whole process group: the parent decides 
 does about it. It is deaf from its first instruction: the parent blocks SIGINT while it starts
 the child, which inherits the blocked signal through exec, so a Ctrl-C while the new
 interpreter still imports (a second or two) prints no traceback there. On Linux the child dies
-with its parent (`PR_SET_PDEATHSIG`), however the parent ends. The parent talks to it over one
-two-way pipe and kills and joins it however the `with` block ends.
+with its parent (`PR_SET_PDEATHSIG`), however the parent ends, and defers mlx-lm's package
+`__init__` (`harness.mlx_lm_import`): most children need mlx-lm's caches alone. The parent
+talks to it over one two-way pipe and kills and joins it however the `with` block ends.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from types import TracebackType
 from typing import Any
+
+from .mlx_lm_import import defer_init
 
 CONTEXT = mp.get_context("spawn")  # a fresh interpreter: none of the parent's threads or locks
 _PR_SET_PDEATHSIG = 1
@@ -43,6 +46,7 @@ def _run(parent: int, target: Callable[..., object], args: tuple, pipe: Connecti
     """The child's entry: deaf to Ctrl-C and bound to its parent before anything else runs."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent(parent)
+    defer_init()
     target(*args, pipe)
 
 

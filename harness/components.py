@@ -170,8 +170,10 @@ class Checked:
 
 
 def _build_in_child(bindings: list[Binding], pipe: Any) -> None:
-    import mlx.core  # noqa: F401 - kvmem's own runtime, loaded by every run: not the user's
-    import mlx_lm.models.cache  # noqa: F401
+    # kvmem's own runtime, loaded by every run: not the user's. (An import statement of
+    # `mlx_lm.models.cache` would bind `mlx_lm` and so run mlx-lm's deferred `__init__`.)
+    importlib.import_module("mlx.core")
+    importlib.import_module("mlx_lm.models.cache")
 
     before = set(sys.modules)
     problems = [_build(b) for b in bindings]
