@@ -126,13 +126,15 @@ def test_a_first_chunk_longer_than_the_window_pins_nothing_of_it(batch):
 
 
 @pytest.mark.parametrize("batch", [1, 2])
-def test_a_prefill_chunk_after_history_holds_one_window_copy_during_the_step(batch):
+def test_a_prefill_chunk_after_history_holds_at_most_one_window_copy_during_the_step(batch):
     # update_and_fetch evaluates nothing (it would break mx.compile), so reading the history a
     # chunk attends to and writing the window are one graph: while the read's views are alive
-    # MLX copies the buffer to write it, at most once (after some other tests in the same
-    # process it was seen to write in place, 3 runs in 6: either is right). The step holds
-    # what it returns (history + chunk) and at most that copy; afterwards only the window is
-    # left. (Beyond these, the batch cache's int32 row counts: a few bytes.)
+    # MLX copies the buffer to write it, at most once. Whether it copies, and when the read's
+    # temporaries are freed, depends on when MLX's CPU worker thread releases them: alone in a
+    # process it was seen to copy or to write in place; beside another test process, to hold
+    # half a window more at the wrap. So the bound, not a figure: the step holds what it returns
+    # (history + chunk) and at most one window more; afterwards only the window is left.
+    # (Beyond these, the batch cache's int32 row counts: a few bytes.)
     mx.clear_cache()
     base = active()
     cache = (PreallocatedRotatingKVCache(600) if batch == 1
@@ -146,7 +148,7 @@ def test_a_prefill_chunk_after_history_holds_one_window_copy_during_the_step(bat
         assert 0 <= after - base - steady < 64
         if history is not None:
             returned, copy = (history + n) * TOKEN_BYTES * batch, 600 * TOKEN_BYTES * batch
-            assert any(0 <= spike - returned - held < 64 for held in (0, copy)), (n, spike)
+            assert 0 <= spike - returned < copy + 64, (n, spike)
 
 
 def test_mlx_lm_grows_in_256_slot_steps_with_a_transient_copy():
