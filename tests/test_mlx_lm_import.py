@@ -62,3 +62,29 @@ def test_a_child_gets_mlx_lms_caches_without_transformers():
     assert "mlx_lm.models.cache" in modules
     assert "mlx_lm" not in modules  # the package itself waits for whatever needs it
     assert not [name for name in modules if name.startswith("transformers")]
+
+
+HEALTHY = """
+model:
+  dtype: float16
+  vocab: 256
+  layers: [{count: 2, kind: full, kv_heads: 2, head_dim: 32}]
+workload: {requests: [{prompt: 32, decode: 4}]}
+cache: {layer: {component: mlx_lm.KVCache}}
+variants: {kvcache: {}}
+"""
+
+
+def test_the_command_line_runs_a_scenario_on_mlx_lms_caches_without_transformers(tmp_path):
+    path = tmp_path / "healthy.yaml"
+    path.write_text(HEALTHY)
+    code = ("import atexit, sys\n"
+            "atexit.register(lambda: print(sorted(m for m in ('mlx_lm.models.cache', 'transformers')"
+            " if m in sys.modules)))\n"
+            "from harness.__main__ import run\nrun()")
+    done = subprocess.run([sys.executable, "-c", code, "run", str(path), "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "['mlx_lm.models.cache']", done.stdout[-2000:]
+    assert json.loads((tmp_path / "out" / "healthy" / "kvcache" / "summary.json").read_text())[
+        "status"] == "ok"
