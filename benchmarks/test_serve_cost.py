@@ -22,8 +22,8 @@ from multiprocessing.connection import Connection, Listener
 import numpy as np
 import pytest
 
-from harness.model_folder import folder, sentence
-from harness.models import ModelChoice
+from harness.models.folder import folder, sentence
+from harness.models.loading import ModelChoice
 from harness.run import traffic
 from harness.run.server_engine import AGENT_DIR, HOST, free_port
 

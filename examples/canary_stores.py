@@ -24,9 +24,9 @@ from functools import partial
 
 import mlx.core as mx
 
-from harness.geometry import Geometry
-from harness.protocols import LayerCache, StoreBase, state_range
-from harness.units import parse_size
+from harness.common.units import parse_size
+from harness.components.protocols import LayerCache, StoreBase, state_range
+from harness.models.geometry import Geometry
 
 TRIMS = ("slice", "copy")
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from harness.geometry import Geometry
-from harness.protocols import StoreBase
+from harness.components.protocols import StoreBase
+from harness.models.geometry import Geometry
 
 
 class LeakyStore(StoreBase):

@@ -24,11 +24,10 @@ from typing import NoReturn
 from rich.console import Console
 from rich.markup import escape
 
-from . import adopt, packaged
-from . import console as term
-from .components import import_paths
-from .echo import MAX_ECHO, clip, echo
-from .files import atomic_text
+from . import adopt
+from .common.echo import MAX_ECHO, clip, echo
+from .common.files import atomic_text
+from .components.registry import import_paths
 from .gate import baseline
 from .gate.compare import (
     ACCEPT_LABEL,
@@ -43,11 +42,12 @@ from .gate.history import DEFAULT_METRICS, EXPORTERS, load_runs, write_history
 from .gate.record import DEFAULT_KEEP, MAX_KEEP, Record, appended, parse_date, read_record, tonight
 from .gate.render import RENDERERS, render_text
 from .gate.site import write_site
-from .metrics import gated
-from .report import ReportError
+from .judge.metrics import gated
+from .judge.summary import Summary, SummaryError, checked, exit_status, load_summaries
+from .report import console as term
+from .report.folder import ReportError
 from .run.defaults import DEFAULT_OUT, DEFAULT_RUNS, DEFAULT_TIMEOUT, usable_cores
-from .scenario import ScenarioError, Variant, check_unique, discover, load_variants
-from .summary import Summary, SummaryError, checked, exit_status, load_summaries
+from .scenario import ScenarioError, Variant, check_unique, discover, load_variants, packaged
 
 BAD_INPUT = (ScenarioError, ReportError, SummaryError, CompareError, adopt.AdoptError)
 DEFAULT_SCENARIOS = Path("scenarios")
@@ -75,7 +75,7 @@ def _variants(paths: Sequence[str | Path], only: list[str] | None = None,
         raise ScenarioError(f"{', '.join(map(str, paths))}: no scenario files (*.yaml) found")
     check_unique(variants)
     if console is not None:
-        from .requirements import bound_warnings  # packaging: once the files are read
+        from .components.requirements import bound_warnings
 
         term.warn(console, bound_warnings((", ".join(_user_components(v)), v.packages)
                                           for v in variants if v.packages))

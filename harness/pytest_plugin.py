@@ -20,7 +20,7 @@ import gc
 
 import pytest
 
-from harness.units import format_bytes, parse_size
+from harness.common.units import format_bytes, parse_size
 
 BOUNDS = ("peak", "retained", "leak_rate")
 
@@ -64,8 +64,8 @@ class KVProbe:
 
     def leak_rate(self, warmup: int) -> int:
         """Bytes per checkpoint, or 0 when memory at rest does not keep rising."""
-        from harness.detect import LeakThresholds, leak
-        from harness.environment import backend
+        from harness.judge.detectors import LeakThresholds, leak
+        from harness.run.environment import backend
         from harness.run.probe import to_frame
 
         at_rest = to_frame(self._probe.rows()[:-1])      # the start and the checkpoints

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from harness.geometry import Geometry
-from harness.protocols import SessionBase
+from harness.components.protocols import SessionBase
+from harness.models.geometry import Geometry
 
 LOGITS = ("full", "top_k")
 

@@ -38,9 +38,9 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from harness.geometry import KIND_FULL, Geometry
-from harness.protocols import LayerCache, join_ranges, state_range
-from harness.units import parse_size
+from harness.common.units import parse_size
+from harness.components.protocols import LayerCache, join_ranges, state_range
+from harness.models.geometry import KIND_FULL, Geometry
 
 HOT_STORAGE = ("raw_bytes", "arrays")
 SNAPSHOTS = ("off", "leak", "release")

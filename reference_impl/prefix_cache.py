@@ -23,8 +23,8 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
-from harness.geometry import KIND_FULL, Geometry
-from harness.protocols import StoreBase, with_estimate
+from harness.components.protocols import StoreBase, with_estimate
+from harness.models.geometry import KIND_FULL, Geometry
 
 TRIMS = ("none", "slice", "copy")
 BITS = (None, 4, 8)

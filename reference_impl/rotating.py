@@ -27,8 +27,8 @@ import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import QuantizedKVCache, _BaseCache
 
-from harness.geometry import LayerSpec
-from harness.protocols import with_estimate
+from harness.components.protocols import with_estimate
+from harness.models.geometry import LayerSpec
 
 
 def _pieces(slots: list[tuple[int, int]], v: mx.array) -> list[mx.array]:

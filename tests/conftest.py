@@ -6,7 +6,8 @@ import mlx.core as mx
 import pandas as pd
 import pytest
 
-from harness import detect, expect
+from harness.judge import detectors as detect
+from harness.judge import expect
 from harness.run.engine import Engine
 from harness.run.engines import create
 from harness.run.probe import Probe, to_frame

@@ -9,8 +9,8 @@ import pytest
 import yaml
 from mlx_lm.models.cache import KVCache
 
-from harness.adapters import RemainingStore, remaining, store_stats
 from harness.cli import main
+from harness.components.adapters import RemainingStore, remaining, store_stats
 from harness.run.engine import Engine
 from harness.run.probe import Probe, to_frame
 

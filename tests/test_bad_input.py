@@ -19,9 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import harness.cli
-from harness import components, metrics
 from harness.cli import main
+from harness.components import registry as components
 from harness.gate import compare
+from harness.judge import metrics
 from harness.scenario import ScenarioError
 from harness.scenario import load_variants as load
 from tests import summaries as gate_summaries

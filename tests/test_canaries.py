@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import detect, expect
+from harness.judge import detectors as detect
+from harness.judge import expect
 from harness.scenario import ScenarioSpec, load_variants
 from tests.conftest import serve
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from harness.geometry import build
+from harness.models.geometry import build
 from reference_impl.chat import ChatSession
 from tests.conftest import active
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
+from harness.common.units import format_bytes
 from harness.gate import compare as cmp
 from harness.gate.render import COMMENT_LIMIT, MARKER, render_markdown, sparkline
-from harness.summary import Noise, load_summaries, parse
-from harness.units import format_bytes
+from harness.judge.summary import Noise, load_summaries, parse
 from tests.summaries import TRIM_SCENARIO, MiB, summary, write
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import expect
-from harness.detect import Finding
+from harness.judge import expect
+from harness.judge.detectors import Finding
 from harness.scenario import ScenarioError, ScenarioSpec, load_variants
 from tests.conftest import serve
 
@@ -98,7 +98,7 @@ def test_each_verdict_holds_over_ten_runs(variant):
 
 
 GLUE = '''
-from harness.protocols import StoreBase
+from harness.components.protocols import StoreBase
 from tests.fixtures.corpus_stores import FillingStore
 
 

@@ -10,10 +10,12 @@ import pandas as pd
 import pytest
 from matplotlib.axes import Axes
 
-from harness import detect, expect, report
-from harness.detect import DETECTORS, Detector, Finding, Marker, Thresholds, from_hits
+from harness.common.units import Size, format_bytes
+from harness.judge import detectors as detect
+from harness.judge import expect
+from harness.judge.detectors import DETECTORS, Detector, Finding, Marker, Thresholds, from_hits
+from harness.report import folder as report
 from harness.scenario import ScenarioError, load_variants
-from harness.units import Size, format_bytes
 from tests.conftest import make_spec, serve
 
 WORKLOAD = {"requests": [{"prompt": 64, "decode": 4}]}   # 64 tokens of 16 KiB: a 1 MiB prefill

@@ -11,7 +11,7 @@ import pytest
 
 from harness.cli import main
 from harness.gate import history
-from harness.summary import load_summaries
+from harness.judge.summary import load_summaries
 from tests.summaries import MiB, summary, write
 
 EXTRA = "cpu, mlx 0.32.4, mlx-lm 0.32.2"

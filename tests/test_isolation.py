@@ -14,9 +14,9 @@ import time
 import psutil
 import pytest
 
-from harness import report
 from harness.cli import main
-from harness.report import reserve
+from harness.report import folder as report
+from harness.report.folder import reserve
 
 CRASHES = """
 model:

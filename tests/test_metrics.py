@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness import metrics
 from harness.gate import compare as cmp
 from harness.gate import history
 from harness.gate.render import render_json, render_markdown, render_text
-from harness.metrics import EXACT_KIND, HIGHER, METRICS, Gate, Metric
-from harness.summary import parse
+from harness.judge import metrics
+from harness.judge.metrics import EXACT_KIND, HIGHER, METRICS, Gate, Metric
+from harness.judge.summary import parse
 from tests.conftest import make_spec, serve
 from tests.summaries import MiB, summary
 

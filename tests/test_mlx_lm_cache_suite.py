@@ -8,7 +8,7 @@ must pass every test but those excluded below, which fail with mlx-lm's own clas
 one fails, the file runs again with mlx-lm's classes: a test they fail as well is the
 stand-in's or a new mlx-lm's to fix (or to exclude, with a reason), not the swap's. The files
 load `mlx-community/Qwen1.5-0.5B-Chat-4bit` from the Hugging Face Hub; a generated `qwen2-tiny`
-folder (random weights, a byte-level BPE tokenizer: `harness.model_folder`) loads in its place.
+folder (random weights, a byte-level BPE tokenizer: `harness.models.folder`) loads in its place.
 Offline with neither the folder nor pip, the test is skipped.
 """
 
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.model_folder import folder
-from harness.models import ModelChoice
+from harness.models.folder import folder
+from harness.models.loading import ModelChoice
 
 VERSION = importlib.metadata.version("mlx-lm")
 REAL_WEIGHTS = "the real model's output: the stand-in's weights are random"

@@ -10,11 +10,11 @@ from multiprocessing.connection import Connection
 
 import pytest
 
-from harness.child import Child
+from harness.common.child import Child
 
 PROBE = """
 import json, sys, types
-from harness.mlx_lm_import import defer_init
+from harness.models.mlx_lm_import import defer_init
 
 defer_init()
 from mlx_lm.models.cache import KVCache

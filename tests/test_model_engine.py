@@ -14,7 +14,8 @@ import pytest
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 from mlx_lm.utils import _get_classes, save_config, save_model
 
-from harness import geometry, models
+from harness.models import geometry
+from harness.models import loading as models
 from harness.run.engines import create
 from harness.run.isolation import estimate_bytes
 from harness.run.model_engine import ModelEngine

@@ -13,8 +13,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from harness import model_folder, models
-from harness.models import ModelChoice, ModelError
+from harness.models import folder as model_folder
+from harness.models import loading as models
+from harness.models.loading import ModelChoice, ModelError
 
 PRESETS = ("qwen3-tiny", "qwen3.5-tiny")
 FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")

@@ -9,9 +9,9 @@ from pathlib import Path
 from rich.console import Console
 
 from harness.cli import main
-from harness.console import noise as table
+from harness.judge.summary import Summary, parse
+from harness.report.console import noise as table
 from harness.run.repeat import block, combine, warnings
-from harness.summary import Summary, parse
 from tests.summaries import MiB, summary
 
 # One layer, one short request: a run takes about a second, most of it the child's imports.

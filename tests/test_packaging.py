@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import adopt, packaged
+from harness import adopt
 from harness.cli import main
+from harness.scenario import packaged
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "harness", "reference_impl", "scenarios")

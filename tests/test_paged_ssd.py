@@ -15,7 +15,7 @@ import psutil
 import pytest
 from mlx_lm.models.cache import RotatingKVCache
 
-from harness.geometry import build
+from harness.models.geometry import build
 from harness.run.recurrent import RecurrentState
 from harness.scenario import WorkloadSpec
 from reference_impl import paged_ssd

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from harness.cli import main, parser
-from harness.metrics import EXACT
+from harness.judge.metrics import EXACT
 from harness.run import isolation
 from harness.run.defaults import usable_cores
 from harness.run.isolation import estimate_bytes

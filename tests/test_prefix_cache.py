@@ -5,7 +5,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
-from harness.geometry import build
+from harness.models.geometry import build
 from harness.scenario import WorkloadSpec
 from reference_impl.prefix_cache import PrefixCache, prefix_cache
 from tests.conftest import active

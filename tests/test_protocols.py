@@ -9,8 +9,7 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models import cache as mlx_cache
 
-from harness.geometry import build
-from harness.protocols import (
+from harness.components.protocols import (
     LayerCache,
     Session,
     SessionBase,
@@ -21,6 +20,7 @@ from harness.protocols import (
     join_ranges,
     state_range,
 )
+from harness.models.geometry import build
 from harness.run.recurrent import RecurrentState
 from reference_impl.chat import ChatSession
 from reference_impl.paged_ssd import PagedSSDStore

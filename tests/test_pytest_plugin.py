@@ -8,8 +8,6 @@ import mlx_lm.models.cache  # noqa: F401
 
 # Imported here so that each in-process pytester session finds them loaded (it drops modules
 # first imported inside it).
-import harness.detect
-import harness.gate.render  # noqa: F401
 
 pytest_plugins = ["pytester"]
 

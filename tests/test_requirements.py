@@ -11,12 +11,12 @@ import pytest
 import yaml
 
 from harness.cli import main
-from harness.components import loaded_packages
-from harness.requirements import bound_warnings
+from harness.components.registry import loaded_packages
+from harness.components.requirements import bound_warnings
 from harness.scenario import load_variants
 
 STORE = '''
-from harness.protocols import StoreBase
+from harness.components.protocols import StoreBase
 
 
 class Store(StoreBase):

@@ -6,7 +6,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import BatchRotatingKVCache, RotatingKVCache
 
-from harness.geometry import LayerSpec
+from harness.models.geometry import LayerSpec
 from reference_impl.rotating import (
     PreallocatedBatchRotatingKVCache,
     PreallocatedRotatingKVCache,

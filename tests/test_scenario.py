@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.cli import main
+from harness.common.units import parse_size
 from harness.scenario import ScenarioError
 from harness.scenario import load_variants as load
-from harness.units import parse_size
 
 VALID = """
 model: qwen3-8b

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.environment import environment
+from harness.run.environment import environment
 from harness.run.isolation import execute
 from harness.run.suite import summarize
 from harness.scenario import ScenarioSpec

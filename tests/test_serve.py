@@ -16,10 +16,10 @@ import mlx.core as mx
 import psutil
 import pytest
 
-from harness import detect
 from harness.agent import kvmem_agent
-from harness.model_folder import folder
-from harness.models import ModelChoice
+from harness.judge import detectors as detect
+from harness.models.folder import folder
+from harness.models.loading import ModelChoice
 from harness.run import traffic
 from harness.run.isolation import estimate_bytes, execute
 from harness.run.server_engine import AGENT_DIR

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from ..files import atomic_text
+from ..common.files import atomic_text
 from .pin import PinError, checked, default
 
 if TYPE_CHECKING:

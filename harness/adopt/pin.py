@@ -15,7 +15,7 @@ from importlib.metadata import PackageNotFoundError, distribution
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from ..echo import echo
+from ..common.echo import echo
 
 NAME = "kvmem"
 EXAMPLE = f"--install '{NAME} @ git+https://github.com/OWNER/{NAME}@COMMIT'"

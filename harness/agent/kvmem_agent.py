@@ -33,6 +33,7 @@ and `logical` is the sum of their attribute (`entries` of their `len()`).
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import gc
 import importlib
@@ -250,7 +251,7 @@ class Agent:
         20 ms apart, at most `seconds`: a server may still be storing a finished request's
         cache after its last byte went out."""
         deadline, last, same = time.monotonic() + seconds, None, 0
-        while same < 3 and time.monotonic() < deadline:
+        while same < 3 and time.monotonic() < deadline and not self._stop.is_set():
             now = (self._active(), self.logical())
             same = same + 1 if now == last else 0
             last = now
@@ -275,6 +276,13 @@ class Agent:
     def sample(self) -> None:
         while not self._stop.wait(self.period):
             self.take("serve")
+
+    def quiesce(self) -> None:
+        """At the server's exit (an `atexit` hook): no sample starts after this. MLX is torn
+        down once the hooks have run, and a daemon thread still reading it then can crash the
+        exit of a server that ended on its own."""
+        self._stop.set()
+        self._lock.acquire()  # held until the process ends: a sample in progress finishes first
 
     def serve(self, address: tuple[str, int], key: bytes, hello: dict) -> None:
         """Connect, say hello, then answer commands until kvmem stops or goes."""
@@ -324,6 +332,7 @@ def start_from_environment() -> Agent:
             errors.append(f"logical {settings['KVMEM_AGENT_LOGICAL']}: {type(exc).__name__}: "
                           f"{exc}")
     agent = Agent(float(settings["KVMEM_AGENT_PERIOD"] or 0.1), tracked)
+    atexit.register(agent.quiesce)
     mx = agent.mx
     hello = {"hello": PROTOCOL, "pid": os.getpid(), "python": sys.version.split()[0], "errors": errors,
              "mlx": None if mx is None else getattr(mx, "__version__", "unknown")}

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..echo import echo
-from ..files import atomic_text
-from ..metrics import NOISY
-from ..names import flaw
-from ..summary import Summary, SummaryError, checked, load_summaries, read_summary
-from ..units import format_bytes
+from ..common.echo import echo
+from ..common.files import atomic_text
+from ..common.names import flaw
+from ..common.units import format_bytes
+from ..judge.metrics import NOISY
+from ..judge.summary import Summary, SummaryError, checked, load_summaries, read_summary
 from .compare import COMPARED, CompareError, compare, index_summaries, policy_changes, tolerances
 from .render import format_value
 

@@ -52,10 +52,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from ..echo import clip, echo
-from ..metrics import BYTES, METRICS, gated
-from ..summary import Noise, Recorded, Summary
-from ..units import format_bytes, parse_size
+from ..common.echo import clip, echo
+from ..common.units import format_bytes, parse_size
+from ..judge.metrics import BYTES, METRICS, gated
+from ..judge.summary import Noise, Recorded, Summary
 
 Key = tuple[str, str, str]  # scenario, variant, backend
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path, PurePosixPath
 
-from ..echo import echo
+from ..common.echo import echo
 from .compare import CompareError
 
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..echo import echo
-from ..files import atomic_write
-from ..metrics import METRICS, RATIO, gated
-from ..summary import Summary, load_summaries
+from ..common.echo import echo
+from ..common.files import atomic_write
+from ..judge.metrics import METRICS, RATIO, gated
+from ..judge.summary import Summary, load_summaries
 from .baseline import unsafe_name
 from .compare import CompareError, Key, index_summaries
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
-from ..metrics import NOISY
-from ..summary import Summary, SummaryError, summary_from_bytes
-from ..units import format_bytes
+from ..common.units import format_bytes
+from ..judge.metrics import NOISY
+from ..judge.summary import Summary, SummaryError, summary_from_bytes
 from .compare import (
     ACCEPT_LABEL,
     REMOVED,

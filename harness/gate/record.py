@@ -37,9 +37,9 @@ from pydantic import (
     ValidationError,
 )
 
-from ..echo import MAX_ECHO, clip, echo
-from ..metrics import METRICS, gated
-from ..summary import Summary
+from ..common.echo import MAX_ECHO, clip, echo
+from ..judge.metrics import METRICS, gated
+from ..judge.summary import Summary
 from .compare import CompareError, index_summaries
 
 SCHEMA = 1

@@ -21,9 +21,9 @@ import json
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 
-from ..metrics import BYTES, METRICS, gated
-from ..summary import Noise
-from ..units import format_bytes
+from ..common.units import format_bytes
+from ..judge.metrics import BYTES, METRICS, gated
+from ..judge.summary import Noise
 from .compare import (
     ACCEPT_LABEL,
     COMPARED,

@@ -22,10 +22,10 @@ from html import escape
 from pathlib import Path
 from string import Template
 
-from ..files import atomic_text
-from ..metrics import METRICS, RATIO, gated
-from ..summary import Summary
-from ..units import binary_unit
+from ..common.files import atomic_text
+from ..common.units import binary_unit
+from ..judge.metrics import METRICS, RATIO, gated
+from ..judge.summary import Summary
 from .history import render_benchmark
 from .record import Entry, Record, Run
 

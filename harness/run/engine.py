@@ -23,10 +23,10 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from ..adapters import store_stats
-from ..components import construct
-from ..geometry import KIND_RECURRENT, KIND_SLIDING, Geometry
-from ..protocols import LayerCache, Session, Store
+from ..components.adapters import store_stats
+from ..components.protocols import LayerCache, Session, Store
+from ..components.registry import construct
+from ..models.geometry import KIND_RECURRENT, KIND_SLIDING, Geometry
 from ..scenario import ChatSpec, ScenarioSpec, WorkloadSpec
 from .probe import Probe, cycle_garbage, release_freed_heap
 from .recurrent import RecurrentState

@@ -7,7 +7,7 @@ the last step it reached, and the other variants go on. User components are impo
 the child, so one that exits or crashes at import cannot end the parent.
 
 The child sends its rows back through a pipe, not a file, so nothing is left on disk when either
-side is killed; on Linux the child also dies with its parent (`harness.child`).
+side is killed; on Linux the child also dies with its parent (`harness.common.child`).
 
 The child works in two phases so that the parent can schedule by memory without importing user
 code: it computes its footprint estimate (which may import components), sends it, and waits for
@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import psutil
 
-from ..child import CONTEXT, Child, how
-from ..components import resolve
+from ..common.child import CONTEXT, Child, how
+from ..components.registry import resolve
 from ..scenario import ComponentSpec, ScenarioSpec, Variant
 from ..scenario.server import Idle
 from .defaults import DEFAULT_TIMEOUT

@@ -20,9 +20,9 @@ import pandas as pd
 import yaml
 from rich.console import Console
 
-from .. import report
-from ..echo import clip
-from ..summary import Summary, SummaryError, load_summaries
+from ..common.echo import clip
+from ..judge.summary import Summary, SummaryError, load_summaries
+from ..report import folder as report
 from .suite import overlays
 
 PLOTTED = ("step", "active", "peak")  # the columns an overlay draws

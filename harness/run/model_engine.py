@@ -1,6 +1,6 @@
 """The mlx_lm engine: the same loop as `Engine`, with a real mlx-lm model as the forward pass.
 
-The model comes from `harness.models` (a config preset with random weights, or a local folder),
+The model comes from `harness.models.loading` (a config preset with random weights, or a local folder),
 seeded from `sampling.seed`, and its weights are evaluated before the baseline sample: detectors
 see what the caches add above the weights, and `weights_bytes` is reported beside the KV
 minimum. The geometry (layer kinds, KV heads, head dim, window, recurrent state) is read from
@@ -55,10 +55,10 @@ import numpy as np
 from mlx_lm.generate import BatchGenerator, generate_step, generation_stream
 from mlx_lm.models.cache import trim_prompt_cache
 
-from .. import models
-from ..components import construct
-from ..geometry import KIND_RECURRENT, KIND_SLIDING, Geometry
-from ..protocols import LayerCache
+from ..components.protocols import LayerCache
+from ..components.registry import construct
+from ..models import loading as models
+from ..models.geometry import KIND_RECURRENT, KIND_SLIDING, Geometry
 from ..scenario import ScenarioSpec
 from .engine import Engine
 from .probe import Probe

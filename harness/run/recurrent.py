@@ -9,7 +9,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models.cache import _BaseCache
 
-from ..geometry import LayerSpec
+from ..models.geometry import LayerSpec
 
 
 class RecurrentState(_BaseCache):

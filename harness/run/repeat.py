@@ -20,10 +20,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from .. import detect, report
-from ..metrics import EXACT, NOISY
+from ..judge import detectors as detect
+from ..judge.metrics import EXACT, NOISY
+from ..judge.summary import Summary
+from ..report import folder as report
 from ..scenario import Variant
-from ..summary import Summary
 from .suite import run_variants, samples, write
 
 

@@ -1,7 +1,7 @@
 """The server engine: a real server process under HTTP traffic, sampled from inside.
 
 kvmem starts the scenario's command (`server:`, by default mlx-lm's `mlx_lm.server` on a model
-folder `harness.model_folder` generates) on a free port, with the agent (`harness.agent`) on
+folder `harness.models.folder` generates) on a free port, with the agent (`harness.agent`) on
 the server's `PYTHONPATH`. The agent connects back over an authenticated local connection; kvmem
 waits for the first request to succeed (a server may answer `/health` before its model has
 loaded), takes the baseline at rest, sends the traffic (`harness.run.traffic`), and asks the
@@ -36,10 +36,10 @@ from typing import Any
 
 import psutil
 
-from .. import models
 from ..agent import kvmem_agent
-from ..child import die_with_parent, how
-from ..model_folder import folder
+from ..common.child import die_with_parent, how
+from ..models import loading as models
+from ..models.folder import folder
 from ..scenario import ScenarioSpec
 from . import traffic
 from .isolation import RunFailure

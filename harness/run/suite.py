@@ -25,12 +25,14 @@ import pandas as pd
 from rich.console import Console
 from rich.progress import Progress, TaskID
 
-from .. import detect, expect, report
-from ..console import progress_bars, warn
-from ..environment import environment as describe_environment
+from ..judge import detectors as detect
+from ..judge import expect
+from ..judge.summary import SCHEMA, Summary, parse
+from ..report import folder as report
+from ..report.console import progress_bars, warn
 from ..scenario import Variant
-from ..summary import SCHEMA, Summary, parse
 from .engine import planned_steps
+from .environment import environment as describe_environment
 from .isolation import RunOutcome, execute
 from .probe import to_frame
 from .schedule import Scheduler, in_parallel

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from ..geometry import KIND_RECURRENT, LayerSpec
+from ..models.geometry import KIND_RECURRENT, LayerSpec
 
 POOL_TOKENS = 64
 

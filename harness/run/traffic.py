@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..model_folder import sentence
+from ..models.folder import sentence
 from ..scenario.server import Distinct, HttpSpec, Idle, Sessions, SharedPrefix
 
 

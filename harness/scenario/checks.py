@@ -7,7 +7,7 @@ end of kvmem.
 
 from __future__ import annotations
 
-from ..components import Binding
+from ..components.registry import Binding
 from .schema import ScenarioSpec
 
 

@@ -16,9 +16,9 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from .. import models
-from ..components import check as check_components
-from ..echo import MAX_ECHO, clip, echo
+from ..common.echo import MAX_ECHO, clip, echo
+from ..components.registry import check as check_components
+from ..models import loading as models
 from . import checks
 from .schema import ScenarioSpec, check_name
 

@@ -24,14 +24,14 @@ from pydantic import (
     model_validator,
 )
 
-from .. import geometry as geo
-from .. import models
-from ..detect import DETECTORS, Detector, Presence
-from ..echo import echo
-from ..metrics import gated
-from ..names import MAX_NAME, Flaw, flaw
+from ..common.echo import echo
+from ..common.names import MAX_NAME, Flaw, flaw
+from ..common.units import Size
+from ..judge.detectors import DETECTORS, Detector, Presence
+from ..judge.metrics import gated
+from ..models import geometry as geo
+from ..models import loading as models
 from ..run.engines import ENGINES
-from ..units import Size
 from .server import HttpSpec, ServerSpec
 
 

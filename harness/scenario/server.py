@@ -10,7 +10,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, model_validator
 
-from ..echo import echo
+from ..common.echo import echo
 
 MAX_REQUESTS = 100_000
 MAX_WORDS = 1_000_000

@@ -3,7 +3,7 @@
 A scenario names each component either by a registry name (`mlx_lm.KVCache`,
 `reference.prefix_cache`) or by an import path `package.module:attr`, so a user can profile
 their own cache code without touching the harness. mlx-lm's own classes are driven as they are,
-through the small factories in `harness.adapters`. Nothing here imports MLX or mlx-lm: a
+through the small factories in `harness.components.adapters`. Nothing here imports MLX or mlx-lm: a
 scenario is checked against the registry without loading them.
 """
 
@@ -17,22 +17,22 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from .child import Child, how
-from .echo import MAX_ECHO, clip, echo
+from ..common.child import Child, how
+from ..common.echo import MAX_ECHO, clip, echo
 
 REGISTRY: dict[str, str] = {
-    "mlx_lm.KVCache": "harness.adapters:kv_cache",
-    "mlx_lm.RotatingKVCache": "harness.adapters:rotating_kv_cache",
-    "mlx_lm.BatchRotatingKVCache": "harness.adapters:batch_rotating_kv_cache",
-    "mlx_lm.QuantizedKVCache": "harness.adapters:quantized_kv_cache",
+    "mlx_lm.KVCache": "harness.components.adapters:kv_cache",
+    "mlx_lm.RotatingKVCache": "harness.components.adapters:rotating_kv_cache",
+    "mlx_lm.BatchRotatingKVCache": "harness.components.adapters:batch_rotating_kv_cache",
+    "mlx_lm.QuantizedKVCache": "harness.components.adapters:quantized_kv_cache",
     "reference.rotating": "reference_impl.rotating:rotating",
     "reference.batch_rotating": "reference_impl.rotating:batch_rotating",
     "reference.prefix_cache": "reference_impl.prefix_cache:prefix_cache",
     "reference.paged_ssd": "reference_impl.paged_ssd:PagedSSDStore",
     "reference.turboquant": "reference_impl.turboquant:turboquant",
     "reference.chat": "reference_impl.chat:ChatSession",
-    "mlx_lm.LRUPromptCache": "harness.adapters:lru_prompt_cache",
-    "adapt.remaining": "harness.adapters:remaining",
+    "mlx_lm.LRUPromptCache": "harness.components.adapters:lru_prompt_cache",
+    "adapt.remaining": "harness.components.adapters:remaining",
 }
 
 

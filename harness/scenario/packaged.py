@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 FOLDER = "scenarios"
-BUNDLED = Path(__file__).parent / "bundled"
+BUNDLED = Path(__file__).parent.parent / "bundled"
 
 
 def fallback(paths: Sequence[str | Path]) -> tuple[list[Path], str | None]:

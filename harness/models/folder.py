@@ -2,7 +2,7 @@
 
 Serve mode runs a real server process, which loads a model by folder name: `config.json`,
 `model.safetensors`, `tokenizer.json` and `tokenizer_config.json`. A preset of
-`harness.models` is only a config; `folder` writes the rest, so no checkpoint is ever
+`harness.models.loading` is only a config; `folder` writes the rest, so no checkpoint is ever
 downloaded and the model is the same random-weight model the `mlx_lm` engine builds
 (`models.build` after `mx.random.seed(0)`, in the choice's dtype, quantized when `bits` is set).
 
@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from . import models
-from .models import ModelChoice, ModelError
+from . import loading as models
+from .loading import ModelChoice, ModelError
 
 # Bump when what `folder` writes changes, so cached folders of the old format are not reused.
 FORMAT_VERSION = 1

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from ..common.echo import clip
 from . import geometry as geo
-from .echo import clip
 
 if TYPE_CHECKING:
     import mlx.nn as nn
@@ -84,7 +84,7 @@ PRESETS: dict[str, dict] = {
         "max_position_embeddings": 32768,
     },
     "qwen3.5-0.8b": _QWEN3_5,
-    # Serve mode's dense model (`harness.model_folder` writes it as a folder `mlx_lm.server`
+    # Serve mode's dense model (`harness.models.folder` writes it as a folder `mlx_lm.server`
     # loads): 4 layers of 8 KV heads of 128, 16 KiB of KV a token in bfloat16, so one prompt-cache
     # entry of 300 tokens is ~5 MiB; hidden 64 and vocabulary 1024 keep the rest cheap on CPU.
     # Attention is the cost: a 300-token chat request takes ~1 s on two cores (`layers: 2`:

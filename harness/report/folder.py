@@ -19,9 +19,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .detect import DETECTORS, IN_FLIGHT, Finding, Marker
-from .files import UMASK, atomic_write
-from .summary import Summary
+from ..common.files import UMASK, atomic_write
+from ..judge.detectors import DETECTORS, IN_FLIGHT, Finding, Marker
+from ..judge.summary import Summary
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .units import format_bytes
+from ..common.units import format_bytes
 
 if TYPE_CHECKING:
     from .expect import Samples

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from ..common.units import MAX_SIZE
 from .metrics import METRICS, NOISY, gated
-from .units import MAX_SIZE
 
 SCHEMA = 1
 

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 
 from mlx_lm.models import cache as mlx_cache
 
-from .components import resolve
 from .protocols import LayerCache, StoreBase
+from .registry import resolve
 
 if TYPE_CHECKING:
-    from .geometry import Geometry, LayerSpec
+    from ..models.geometry import Geometry, LayerSpec
 
 
 def kv_cache(spec: LayerSpec) -> mlx_cache.KVCache:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .detect import DETECTORS, IN_FLIGHT, Finding, Presence, spike_ratios, transients
+from ..scenario import DetectSpec, ExpectSpec, SpikeBound
+from .detectors import DETECTORS, IN_FLIGHT, Finding, Presence, spike_ratios, transients
 from .metrics import METRICS
-from .scenario import DetectSpec, ExpectSpec, SpikeBound
 
 
 class Samples:

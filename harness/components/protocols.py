@@ -28,7 +28,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map
 
 if TYPE_CHECKING:
-    from .geometry import Geometry
+    from ..models.geometry import Geometry
 
 
 @runtime_checkable

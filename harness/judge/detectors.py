@@ -99,7 +99,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .units import Size, mib
+from ..common.units import Size, mib
 
 # numpy and pandas are imported where a frame is read: the scenario schema imports this module
 # for the registry alone, and rejecting a bad file must not wait for them.

@@ -14,13 +14,13 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from . import geometry
-from .scenario import ScenarioError, discover, load_variants
-from .summary import Summary
-from .units import format_bytes, mib
+from ..common.units import format_bytes, mib
+from ..judge.summary import Summary
+from ..models import geometry
+from ..scenario import ScenarioError, discover, load_variants
 
 if TYPE_CHECKING:  # the runner draws with this module and never imports the gate
-    from .gate.baseline import Update
+    from ..gate.baseline import Update
 
 
 def progress_bars(console: Console) -> Progress:
@@ -162,7 +162,7 @@ def geometry_presets() -> Table:
 def model_presets() -> Table:
     """The mlx_lm engine's presets: layers, KV per token and vocabulary as the built model
     has them (read without evaluating it), and the weights' bytes in bfloat16."""
-    from . import models  # mlx-lm's model code: only for the command that lists it
+    from ..models import loading as models
 
     grid = Table(title="real-model presets (engine: mlx_lm, random weights)")
     for column in ("name", "layers", "KV per token", "vocab", "weights"):
