@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.run.engine import Engine
 from harness.run.probe import NullProbe, Probe
+from harness.run.synthetic_engine import SyntheticEngine
 from harness.scenario import ScenarioSpec
 
 # Qwen3-8B geometry: 36 layers, 8 KV heads, head dim 128, bf16; decode dominates.
@@ -24,7 +24,7 @@ SPEC = ScenarioSpec.model_validate({
 
 
 def serve(probe: Probe) -> int:
-    engine = Engine(SPEC, probe)
+    engine = SyntheticEngine(SPEC, probe)
     engine.serve()
     return probe.steps
 
@@ -40,6 +40,7 @@ def test_probe_alone_per_step(benchmark):
 
     def one_step() -> None:
         probe.begin()
-        probe.end("decode", 0, -1, 1, 0, 0, 0, 0)
+        probe.end(phase="decode", request=0, turn=-1, tokens=1, logical=0, host=0, minimum=0,
+                  work=0)
 
     benchmark(one_step)

@@ -49,12 +49,12 @@ class TimedProbe(Probe):
         super().begin()
         self.seconds += time.perf_counter() - start
 
-    def end(self, *args, **kwargs) -> None:
+    def end(self, **kwargs) -> None:
         for stream in self._streams:
             mx.synchronize(stream)
         mx.synchronize()
         start = time.perf_counter()
-        super().end(*args, **kwargs)
+        super().end(**kwargs)
         self.seconds += time.perf_counter() - start
 
 

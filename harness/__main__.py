@@ -4,7 +4,7 @@
 while the command line's own modules import (about 0.3 s) or while main is printing an error;
 `run` imports the command line inside the same handling, so that too is one line, never a
 traceback. mlx-lm's package `__init__` is deferred in kvmem's processes
-(`harness.models.mlx_lm_import`): it imports transformers, which a run on mlx-lm's caches never uses.
+(`harness.common.mlx_lm_import`): it imports transformers, which a run on mlx-lm's caches never uses.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 
 def run() -> None:
     try:
-        from .models.mlx_lm_import import defer_init
+        from .common.mlx_lm_import import defer_init
 
         defer_init()
         from .cli import main

@@ -29,19 +29,13 @@ from .common.echo import MAX_ECHO, clip, echo
 from .common.files import atomic_text
 from .components.registry import import_paths
 from .gate import baseline
-from .gate.compare import (
-    ACCEPT_LABEL,
-    CompareError,
-    Comparison,
-    compare,
-    fraction,
-    head_failed,
-    size,
-)
+from .gate.compare import Comparison, compare, head_failed
 from .gate.history import DEFAULT_METRICS, EXPORTERS, load_runs, write_history
+from .gate.policy import ACCEPT_LABEL
 from .gate.record import DEFAULT_KEEP, MAX_KEEP, Record, appended, parse_date, read_record, tonight
 from .gate.render import RENDERERS, render_text
 from .gate.site import write_site
+from .gate.tolerance import CompareError, fraction, size
 from .judge.metrics import gated
 from .judge.summary import Summary, SummaryError, checked, exit_status, load_summaries
 from .report import console as term
@@ -209,13 +203,30 @@ def _suite_summaries(args: argparse.Namespace, console: Console) -> list[Summary
     return [checked(r) for r in results]
 
 
+def _show_update(console: Console, errors: Console, result: baseline.Update, several: bool) -> None:
+    """What `baseline update` did: `added s/v`, `updated s/v (peak +12 MiB, ...)`, `kept N
+    unchanged`, and on `errors` each run refused (with `several` backends, each label says
+    which)."""
+    def label(summary: Summary) -> str:
+        return escape(summary.label + (f" on {summary.backend}" if several else ""))
+
+    for change in result.written:
+        reasons = f" ({escape(', '.join(change.reasons))})" if change.reasons else ""
+        console.print(f"{change.action} {label(change.summary)}{reasons}", highlight=False)
+    if result.kept:
+        console.print(f"kept {len(result.kept)} unchanged", highlight=False)
+    for summary, why in result.refused:
+        errors.print(f"error: {label(summary)}: {escape(why)}: no baseline written",
+                     highlight=False)
+
+
 def _baseline_update(args: argparse.Namespace, console: Console) -> int:
     """Record what changed: `added s/v`, `updated s/v (peak +12 MiB, ...)`, `kept N
     unchanged`; a failed run is listed and not recorded (exit 2)."""
     errors = Console(stderr=True, soft_wrap=True)
     summaries = _suite_summaries(args, errors)
     result = baseline.store(summaries, Path(args.dir), args.reason, baseline.recorder())
-    term.baseline_update(console, errors, result, several=len({s.backend for s in summaries}) > 1)
+    _show_update(console, errors, result, several=len({s.backend for s in summaries}) > 1)
     return 2 if result.refused else 0
 
 

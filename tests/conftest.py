@@ -6,10 +6,11 @@ import mlx.core as mx
 import pandas as pd
 import pytest
 
-from harness.judge import detectors as detect
-from harness.judge import expect
-from harness.run.engine import Engine
-from harness.run.engines import create
+from harness.judge.detectors import detect
+from harness.judge.expect import check
+from harness.judge.metrics import RunFacts, Samples, figures
+from harness.judge.records import Expectation, Finding
+from harness.run.engines import Engine, create
 from harness.run.probe import Probe, to_frame
 from harness.scenario import ScenarioSpec
 
@@ -31,9 +32,9 @@ def make_spec(**fields) -> ScenarioSpec:
     return ScenarioSpec.model_validate(fields)
 
 
-def serve_with_engine(spec: ScenarioSpec) -> tuple[Engine, pd.DataFrame, list[detect.Finding], dict]:
+def serve_with_engine(spec: ScenarioSpec) -> tuple[Engine, pd.DataFrame, list[Finding], dict]:
     """Run a spec in this process on the engine it names; the engine (closed), samples,
-    findings and metrics."""
+    findings and metrics (a run's facts as 0: no process, no estimate)."""
     probe = Probe()
     engine = create(spec, probe)
     try:
@@ -41,20 +42,23 @@ def serve_with_engine(spec: ScenarioSpec) -> tuple[Engine, pd.DataFrame, list[de
     finally:
         engine.close()
     frame = to_frame(probe.rows())
-    findings = detect.detect(frame, spec.detect, "cpu")
-    return engine, frame, findings, expect.metrics(frame, findings, spec.detect)
+    findings = detect(frame, spec.detect, "cpu")
+    facts = engine.facts()
+    weights = facts.weights if facts is not None else None
+    return engine, frame, findings, figures(Samples(frame, findings, spec.detect,
+                                                    RunFacts(0.0, 0, weights)))
 
 
-def serve(spec: ScenarioSpec) -> tuple[pd.DataFrame, list[detect.Finding], dict]:
+def serve(spec: ScenarioSpec) -> tuple[pd.DataFrame, list[Finding], dict]:
     """Run a spec in this process; samples, findings and metrics."""
     _engine, frame, findings, figures = serve_with_engine(spec)
     return frame, findings, figures
 
 
-def kinds_and_failures(spec: ScenarioSpec) -> tuple[set[str], list[dict]]:
+def kinds_and_failures(spec: ScenarioSpec) -> tuple[set[str], list[Expectation]]:
     """The finding kinds of a spec served in this process, and its failed expectations."""
-    _, findings, figures = serve(spec)
-    failed = [c for c in expect.check(spec.expect, findings, figures) if not c["ok"]]
+    _, findings, values = serve(spec)
+    failed = [c for c in check(spec.expect, findings, values) if not c.ok]
     return {f.kind for f in findings}, failed
 
 

@@ -11,8 +11,8 @@ from mlx_lm.models.cache import KVCache
 
 from harness.cli import main
 from harness.components.adapters import RemainingStore, remaining, store_stats
-from harness.run.engine import Engine
 from harness.run.probe import Probe, to_frame
+from harness.run.synthetic_engine import SyntheticEngine
 
 from .conftest import TOKEN_BYTES, make_spec, serve
 
@@ -29,7 +29,7 @@ def _served(cache: dict) -> tuple[dict | None, list[int]]:
     """The store's stats after the workload, and the tokens each fetch matched."""
     spec = make_spec(cache=cache, workload=WORKLOAD)
     probe = Probe()
-    engine = Engine(spec, probe)
+    engine = SyntheticEngine(spec, probe)
     try:
         engine.serve()
         stats = engine.store_stats()

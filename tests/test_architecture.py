@@ -1,5 +1,6 @@
-"""The shape of the code: data flows one way, so harness/ has no import cycle and the runner
-never imports the gate."""
+"""The shape of the code: data flows one way, scenario → run → samples → findings → report /
+gate, so `harness/` has no import cycle and no module imports a layer above its own, type-only
+imports included (a type names a concept it depends on)."""
 
 from __future__ import annotations
 
@@ -8,24 +9,31 @@ from pathlib import Path
 
 HARNESS = Path(__file__).resolve().parent.parent / "harness"
 
+# Top to bottom: a module may import its own layer and the layers below it, never one above.
+LAYERS = (
+    ("harness", "harness.__main__", "harness.cli", "harness.pytest_plugin"),  # entry points
+    ("harness.adopt", "harness.gate"),  # `kvmem init`; the gate reads summaries, never runs
+    ("harness.run",),                   # engines, probe, one process per variant, the suite
+    ("harness.report",),                # report folders, plots, terminal tables
+    ("harness.scenario",),              # scenario files: schema, loading, checks
+    ("harness.judge",),                 # samples → metrics, findings, expectations, summary
+    ("harness.components",),            # cache components: protocols, registry, adapters
+    ("harness.models",),                # geometries, presets, real models, model folders
+    ("harness.agent", "harness.common"),  # standalone: the agent; small shared pieces
+)
+
 
 def _module(path: Path) -> str:
     parts = list(path.relative_to(HARNESS.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _type_checking(node: ast.AST) -> bool:
-    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-
-
 def _imports(path: Path, modules: set[str]) -> set[str]:
-    """The harness modules `path` imports anywhere (in functions too; not for type checking)."""
+    """The harness modules `path` imports anywhere: in functions and for type checking too."""
     name = _module(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    tree = ast.parse(path.read_text())
-    skipped = {id(n) for node in ast.walk(tree) if _type_checking(node) for n in ast.walk(node)}
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -36,8 +44,6 @@ def _imports(path: Path, modules: set[str]) -> set[str]:
             targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
         else:
             continue
-        if id(node) in skipped:
-            continue
         found |= {t for t in targets if t in modules}
     return found - {name}
 
@@ -46,6 +52,14 @@ def graph() -> dict[str, set[str]]:
     files = sorted(HARNESS.rglob("*.py"))
     modules = {_module(f) for f in files}
     return {_module(f): _imports(f, modules) for f in files}
+
+
+def layer(module: str) -> int:
+    """The index in LAYERS of the longest package that holds `module`."""
+    matches = [(len(prefix), index) for index, members in enumerate(LAYERS) for prefix in members
+               if module == prefix or (prefix != "harness" and module.startswith(prefix + "."))]
+    assert matches, f"{module} belongs to no layer: add its folder to LAYERS"
+    return max(matches)[1]
 
 
 def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
@@ -77,24 +91,22 @@ def test_harness_has_no_import_cycle():
     assert _cycle(graph()) is None
 
 
-def _reached(edges: dict[str, set[str]], start: str) -> set[str]:
-    seen, todo = set(), [start]
-    while todo:
-        for target in edges.get(todo.pop(), ()):
-            if target not in seen:
-                seen.add(target)
-                todo.append(target)
-    return seen
+def test_no_module_imports_a_layer_above_its_own():
+    upward = sorted(f"{source} → {target}" for source, targets in graph().items()
+                    for target in targets if layer(target) < layer(source))
+    assert upward == []
 
 
-def test_the_runner_never_imports_the_gate():
-    """Not even through another module: the gate reads summaries, the runner writes them."""
-    edges = graph()
-    offending = {module: sorted(t for t in _reached(edges, module) if t.startswith("harness.gate"))
-                 for module in edges if module.startswith("harness.run")}
-    assert {m: t for m, t in offending.items() if t} == {}
+def test_every_harness_module_belongs_to_a_layer():
+    assert all(layer(module) >= 0 for module in graph())
 
 
 def test_the_cycle_finder_finds_one():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_a_layer_is_found_by_its_longest_package():
+    assert layer("harness") == 0 and layer("harness.cli") == 0
+    assert layer("harness.run.suite") == LAYERS.index(("harness.run",))
+    assert layer("harness.common.units") == len(LAYERS) - 1

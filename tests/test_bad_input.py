@@ -155,23 +155,26 @@ BAD_SUMMARIES = {
     "object_a1": (b'{"a": 1}', "unsupported summary schema null, expected 1"),
     "list": (b"[1]", "not a valid summary (expected a JSON object)"),
     "string": (b'"summary"', "not a valid summary (expected a JSON object)"),
-    "no_scenario": (summary(scenario=...), "missing or non-string 'scenario'"),
-    "no_variant": (summary(variant=...), "missing or non-string 'variant'"),
-    "no_status": (summary(status=...), "missing or non-string 'status'"),
-    "no_metrics": (summary(metrics=...), "no 'metrics' object"),
-    "scenario_number": (summary(scenario=5), "missing or non-string 'scenario'"),
-    "metrics_list": (summary(metrics=[1]), "no 'metrics' object"),
+    "no_scenario": (summary(scenario=...), "scenario: expected the scenario's name, got nothing"),
+    "no_variant": (summary(variant=...), "variant: expected the variant's name, got nothing"),
+    "no_status": (summary(status=...), "status: expected the run's status (ok, failed or "
+                                       "refused), got nothing"),
+    "no_metrics": (summary(metrics=...), "metrics: expected an object of metrics, got nothing"),
+    "scenario_number": (summary(scenario=5), "scenario: expected the scenario's name, got 5"),
+    "metrics_list": (summary(metrics=[1]), "metrics: expected an object of metrics, got [1]"),
     "peak_text": (summary(metrics={"peak": "big"}), 'metrics.peak: expected a finite number, got "big"'),
     "findings_dict": (summary(findings={}), "findings: expected a list"),
-    "finding_no_kind": (summary(findings=[{"message": "m"}]), "findings.0.kind: expected text"),
+    "finding_no_kind": (summary(findings=[{"message": "m"}]), "findings.0.kind: expected text, "
+                                                              "got nothing"),
     "expectation_no_ok": (summary(expectations=[{"name": "peak"}]), "expectations.0.ok"),
     "passed_text": (summary(passed="yes"), "passed: expected true or false"),
     "error_number": (summary(status="failed", error=7), "error: expected text"),
-    "no_environment": (summary(environment=...), "no 'environment' object"),
-    "no_backend": (summary(environment={"mlx": "0.32.4"}),
-                   "environment.backend: expected the backend's name (cpu, metal or cuda), got null"),
+    "no_environment": (summary(environment=...), "environment: expected an object of the run's "
+                                                 "backend and versions, got nothing"),
+    "no_backend": (summary(environment={"mlx": "0.32.4"}), "environment.backend: expected the "
+                   "backend's name (cpu, metal or cuda), got nothing"),
     "mlx_number": (summary(environment={"backend": "cpu", "mlx": 0.32}),
-                   "'environment.mlx' is not a string"),
+                   "environment.mlx: expected text, got 0.32"),
     "expectation_name_mapping": (summary(expectations=[{"name": {"a": 1}, "ok": True}]),
                                  'expectations.0.name: expected text, got {"a": 1}'),
 }
@@ -373,9 +376,9 @@ def _folder(root: Path, *items: dict) -> Path:
 @pytest.mark.parametrize("side", ["base", "head"])
 @pytest.mark.parametrize("case, change, expected", [
     ("mlx_not_a_string", {"environment": {**gate_summaries.ENVIRONMENT, "mlx": {"v": 1}}},
-     "not a valid summary ('environment.mlx' is not a string)"),
+     'not a valid summary (environment.mlx: expected text, got {"v": 1})'),
     ("mlx_lm_not_a_string", {"environment": {**gate_summaries.ENVIRONMENT, "mlx_lm": 33}},
-     "not a valid summary ('environment.mlx_lm' is not a string)"),
+     "not a valid summary (environment.mlx_lm: expected text, got 33)"),
     ("expectation_name_mapping",
      {"expectations": [{"name": {"peak": 1}, "expected": 1, "actual": 1, "ok": True}]},
      'not a valid summary (expectations.0.name: expected text, got {"peak": 1})'),
@@ -383,7 +386,8 @@ def _folder(root: Path, *items: dict) -> Path:
      {"expectations": [{"name": ["peak"], "expected": 1, "actual": 1, "ok": True}]},
      'not a valid summary (expectations.0.name: expected text, got ["peak"])'),
     ("no_environment", {"environment": None},
-     "not a valid summary (no 'environment' object (expected the run's backend and versions))"),
+     "not a valid summary (environment: expected an object of the run's backend and versions, "
+     "got nothing)"),
 ])
 def test_compare_refuses_a_mistyped_summary_on_either_side(tmp_path, capsys, side, case, change,
                                                            expected):
@@ -404,7 +408,8 @@ def test_a_head_whose_summaries_lost_their_environment_fails_the_gate(tmp_path, 
     head = _folder(tmp_path / "head", *({k: v for k, v in i.items() if k != "environment"}
                                          for i in items))
     assert main(["compare", str(base), str(head), "--format", "markdown"]) == 2
-    assert "no 'environment' object" in _one_line_error(capsys)
+    assert "environment: expected an object of the run's backend and versions, got nothing" \
+        in _one_line_error(capsys)
 
 
 def test_baseline_update_refuses_summaries_without_an_environment(tmp_path, capsys):
@@ -412,7 +417,8 @@ def test_baseline_update_refuses_summaries_without_an_environment(tmp_path, caps
     reports = _folder(tmp_path / "reports", data)
     assert main(["baseline", "update", "--reason", "test", "--from", str(reports),
                  "--dir", str(tmp_path / "baselines")]) == 2
-    assert "no 'environment' object" in _one_line_error(capsys)
+    assert "environment: expected an object of the run's backend and versions, got nothing" \
+        in _one_line_error(capsys)
     assert not (tmp_path / "baselines").exists()  # nothing filed under a backend named '?'
 
 

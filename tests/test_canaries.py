@@ -54,7 +54,7 @@ def outcome(variant: str) -> tuple[dict, list[dict]]:
     """The findings by kind of one in-process run, and its failed expectations."""
     variant_spec = spec(variant)
     _frame, findings, figures = serve(variant_spec)
-    failed = [c for c in expect.check(variant_spec.expect, findings, figures) if not c["ok"]]
+    failed = [c for c in expect.check(variant_spec.expect, findings, figures) if not c.ok]
     return {f.kind: f for f in findings}, failed
 
 

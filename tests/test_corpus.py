@@ -52,7 +52,7 @@ def outcome(variant: str) -> tuple[dict[str, Finding], list[dict], dict]:
     """Findings by kind, failed expectations and metrics of one in-process run."""
     spec = specs()[variant]
     _frame, findings, figures = serve(spec)
-    failed = [c for c in expect.check(spec.expect, findings, figures) if not c["ok"]]
+    failed = [c for c in expect.check(spec.expect, findings, figures) if not c.ok]
     return {f.kind: f for f in findings}, failed, figures
 
 

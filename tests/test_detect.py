@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -13,7 +14,8 @@ from matplotlib.axes import Axes
 from harness.common.units import Size, format_bytes
 from harness.judge import detectors as detect
 from harness.judge import expect
-from harness.judge.detectors import DETECTORS, Detector, Finding, Marker, Thresholds, from_hits
+from harness.judge.detectors import DETECTORS, Detector, Marker, Thresholds, from_hits
+from harness.judge.records import Expectation, Finding
 from harness.report import folder as report
 from harness.scenario import ScenarioError, load_variants
 from tests.conftest import make_spec, serve
@@ -73,9 +75,9 @@ def test_one_registry_entry_is_configured_expected_checked_and_drawn(tmp_path, m
 
     frame, findings, figures = serve(spec)
     (found,) = [f for f in findings if f.kind == "tiny_rise"]
-    checks = {c["name"]: c for c in expect.check(spec.expect, findings, figures)}
-    assert checks["tiny_rise"] == {"name": "tiny_rise", "expected": "detected",
-                                   "actual": "detected", "ok": True, "message": found.message}
+    checks = {c.name: c for c in expect.check(spec.expect, findings, figures)}
+    assert checks["tiny_rise"] == Expectation(name="tiny_rise", expected="detected",
+                                              actual="detected", ok=True, message=found.message)
 
     drawn = []
     monkeypatch.setattr(Axes, "scatter", lambda ax, *args, **kw: drawn.append(kw))
@@ -92,10 +94,10 @@ def test_each_detector_declares_what_is_expected_when_a_scenario_states_nothing(
     monkeypatch.setitem(DETECTORS, "tiny_rise", dataclasses.replace(TINY_RISE, expected="none"))
     spec = make_spec(workload=WORKLOAD)
     _, findings, figures = serve(spec)
-    (check,) = [c for c in expect.check(spec.expect, findings, figures) if c["name"] == "tiny_rise"]
-    assert check["expected"] == "none" and not check["ok"]
+    (check,) = [c for c in expect.check(spec.expect, findings, figures) if c.name == "tiny_rise"]
+    assert check.expected == "none" and not check.ok
     unchecked = make_spec(workload=WORKLOAD, expect={"tiny_rise": None})
-    assert all(c["name"] != "tiny_rise" for c in expect.check(unchecked.expect, findings, figures))
+    assert all(c.name != "tiny_rise" for c in expect.check(unchecked.expect, findings, figures))
 
 
 def test_a_finding_is_reported_at_its_largest_excess_listing_the_first_steps():
@@ -108,13 +110,32 @@ def test_a_finding_is_reported_at_its_largest_excess_listing_the_first_steps():
     assert from_hits("k", frame[excess > 9], excess, str) is None
 
 
+DETECTORS_PAGE = Path(__file__).parent.parent / "docs" / "detectors.md"
+
+
+def _stated(field: str, value: object) -> str:
+    """A threshold as the page states it: `min_bytes 64 KiB`, `r2 0.9`, `budget none`."""
+    if value is None:
+        return f"{field} none"
+    if (isinstance(value, int) and "bytes" in field) or field in ("budget", "flat", "min_rate"):
+        return f"{field} {format_bytes(value)}"
+    return f"{field} {value}"
+
+
 @pytest.mark.parametrize("name", sorted(DETECTORS))
-def test_the_module_docstring_gives_each_detectors_defaults_beside_its_formula(name):
+def test_the_detectors_page_gives_each_detectors_defaults_and_expectation(name):
+    """docs/detectors.md's table states every threshold's default as its class holds it, and
+    what is expected where a scenario says nothing, as its registry entry does."""
     entry = DETECTORS[name]
-    defaults = detect.__doc__.split(f"\n{name} (", 1)[1].split(")", 1)[0]
-    for field, value in entry.thresholds().model_dump().items():
-        assert f"{field} {value}" in defaults or f"{field} {format_bytes(value)}" in defaults
-    assert ("expected none" if entry.expected == "none" else "checked only when stated") in defaults
+    (row,) = [line for line in DETECTORS_PAGE.read_text().splitlines()
+              if line.startswith(f"| `{name}` |")]
+    cells = [cell.strip() for cell in row.strip("|").split(" | ")]
+    defaults, expected = cells[-3], cells[-2]
+    fields = entry.thresholds().model_dump()
+    stated = [_stated(field, value) for field, value in fields.items()]
+    assert sorted(part.split(" (")[0] for part in defaults.split(", ")) == sorted(stated) \
+        or (not fields and defaults == "none")
+    assert expected.startswith("none" if entry.expected == "none" else "checked only when stated")
 
 
 # At-rest detectors on constructed samples: a baseline, then one quiescent point per request.

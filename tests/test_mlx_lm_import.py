@@ -14,7 +14,7 @@ from harness.common.child import Child
 
 PROBE = """
 import json, sys, types
-from harness.models.mlx_lm_import import defer_init
+from harness.common.mlx_lm_import import defer_init
 
 defer_init()
 from mlx_lm.models.cache import KVCache

@@ -14,8 +14,9 @@ import pytest
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 from mlx_lm.utils import _get_classes, save_config, save_model
 
-from harness.models import geometry
+from harness.judge.summary import ModelFacts
 from harness.models import loading as models
+from harness.models import presets
 from harness.run.engines import create
 from harness.run.isolation import estimate_bytes
 from harness.run.model_engine import ModelEngine
@@ -38,7 +39,7 @@ def real_spec(**fields) -> ScenarioSpec:
     return ScenarioSpec.model_validate(fields)
 
 
-SHARED_PRESETS = sorted(set(geometry.PRESETS) & set(models.PRESETS))
+SHARED_PRESETS = sorted(set(presets.geometric()) & set(presets.buildable()))
 
 
 def test_qwen3_8b_is_a_preset_of_both_engines():
@@ -50,7 +51,7 @@ def test_a_preset_of_both_engines_builds_the_geometry_preset_of_its_name(name):
     """`model: NAME` is one geometry on either engine: the real model, as built, holds what the
     synthetic engine's preset says."""
     choice = models.ModelChoice(name, None, None, None, "bfloat16", None, 64)
-    assert models.describe(choice)[0] == geometry.preset(name)
+    assert models.describe(choice)[0] == presets.geometry(name)
 
 
 def test_weights_are_counted_before_evaluation_and_sit_under_the_baseline():
@@ -58,8 +59,8 @@ def test_weights_are_counted_before_evaluation_and_sit_under_the_baseline():
     assert spec.weights_bytes() == TINY_WEIGHTS
     engine, frame, _findings, figures = serve(spec)
     assert isinstance(engine, ModelEngine)
-    assert engine.facts() == {"engine": "mlx_lm", "name": "qwen3-0.6b", "layers": 1,
-                              "weights": TINY_WEIGHTS, "quantize_bits": None}
+    assert engine.facts() == ModelFacts(engine="mlx_lm", name="qwen3-0.6b", layers=1,
+                                        weights=TINY_WEIGHTS, quantize_bits=None)
     # The baseline holds the evaluated weights; the analytic minimum counts KV bytes only.
     assert frame["active"].iloc[0] >= TINY_WEIGHTS
     assert figures["minimum"] == 44 * TOKEN_BYTES
@@ -141,7 +142,7 @@ def test_quantized_weights_are_counted_as_quantized():
                      workload={"requests": [{"prompt": 8, "decode": 2}]})
     assert spec.weights_bytes() < TINY_WEIGHTS // 3
     engine, _frame, findings, _figures = serve(spec)
-    assert engine.facts()["quantize_bits"] == 4
+    assert engine.facts().quantize_bits == 4
     assert [f.kind for f in findings if f.kind in ("leak", "retained")] == []
 
 
@@ -310,7 +311,7 @@ def test_a_local_model_folder_loads_without_a_tokenizer(tmp_path):
         [("full", 2, 16)] * 2
     assert spec.weights_bytes() == weights
     engine, _frame, _findings, figures = serve(spec)
-    assert engine.facts()["name"] == tmp_path.name
+    assert engine.facts().name == tmp_path.name
     # 15 tokens of 2 layers x K and V x 2 heads x 16 dims in float16.
     assert figures["minimum"] == 15 * 2 * 2 * 2 * 16 * 2
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from harness.models import folder as model_folder
-from harness.models import loading as models
+from harness.models import presets
 from harness.models.loading import ModelChoice, ModelError
 
 PRESETS = ("qwen3-tiny", "qwen3.5-tiny")
@@ -57,7 +57,7 @@ def test_the_folder_loads_with_mlx_lm_and_runs(loaded, preset):
     assert re.fullmatch(rf"{re.escape(preset)}-[0-9a-f]{{12}}", path.name)
     assert sorted(p.name for p in path.iterdir()) == sorted(FILES)
     config = json.loads((path / "config.json").read_text())
-    assert config == models.PRESETS[preset]
+    assert config == presets.PRESETS[preset].config
     ids = tokenizer.encode("the river")
     logits = model(mx.array([ids]))
     assert logits.shape == (1, len(ids), 1024)

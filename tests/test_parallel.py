@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from harness.cli import main, parser
-from harness.judge.metrics import EXACT
+from harness.judge.metrics import exact
 from harness.run import isolation
 from harness.run.defaults import usable_cores
 from harness.run.isolation import estimate_bytes
@@ -59,7 +59,7 @@ def verdicts(out: Path) -> dict[str, dict]:
             "status": s["status"], "passed": s["passed"],
             "findings": sorted((f["kind"], f.get("count")) for f in s["findings"]),
             "expectations": [(e["name"], e["ok"]) for e in s["expectations"]],
-            "metrics": {name: s["metrics"][name] for name in EXACT}}
+            "metrics": {name: s["metrics"][name] for name in exact()}}
     return found
 
 

@@ -20,7 +20,8 @@ def test_a_step_records_its_transient_peak_and_settled_active_bytes():
     total = mx.sum(scratch)
     mx.eval(total)
     del scratch
-    probe.end("decode", 3, -1, 17, logical=4 * 2**20, host=0, minimum=0, work=0)
+    probe.end(phase="decode", request=3, turn=-1, tokens=17, logical=4 * 2**20, host=0,
+              minimum=0, work=0)
     row = to_frame(probe.rows()).iloc[0]
     assert row["phase"] == "decode" and row["request"] == 3 and row["tokens"] == 17
     assert row["peak"] - row["active"] >= 8 * 2**20
@@ -33,7 +34,8 @@ def test_rows_stay_compact_and_grow_by_doubling():
     probe = Probe(capacity=4)
     for step in range(1000):
         probe.begin()
-        probe.end(PHASES[step % len(PHASES)], 0, -1, step, 0, 0, 0, 0)
+        probe.end(phase=PHASES[step % len(PHASES)], request=0, turn=-1, tokens=step, logical=0,
+                  host=0, minimum=0, work=0)
     assert probe.steps == 1000
     assert len(probe.rows()) == 1000 and probe.rows()["step"][-1] == 999
     assert probe._rows.nbytes <= 2 * 1000 * ROW.itemsize

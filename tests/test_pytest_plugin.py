@@ -25,20 +25,20 @@ def fill():
     mx.eval(cache.keys, cache.values)
     return cache
 
-@pytest.mark.kv_limit(retained="64 KiB")
+@pytest.mark.kv_limit(final="64 KiB")
 def test_keeps_a_cache():
     kept.append(fill())
 
-@pytest.mark.kv_limit(retained="0 B")
+@pytest.mark.kv_limit(final="0 B")
 def test_releases_its_cache():
     fill()
 
-@pytest.mark.kv_limit(peak="{bound}", retained="0 B")
+@pytest.mark.kv_limit(peak="{bound}", final="0 B")
 def test_transient_4():
     scratch = mx.zeros((2 * 1024 * 1024,), dtype=mx.float32)      # 8 MiB, then released
     mx.eval(scratch)
 
-@pytest.mark.kv_limit(peak="9 MiB", retained="0 B")
+@pytest.mark.kv_limit(peak="9 MiB", final="0 B")
 def test_transient_9():
     scratch = mx.zeros((2 * 1024 * 1024,), dtype=mx.float32)
     mx.eval(scratch)
@@ -104,11 +104,11 @@ def test_registered_as_a_pytest11_entry_point():
     assert [p.value for p in points if p.name == "kvmem"] == ["harness.pytest_plugin"]
 
 
-def test_cache_retained_and_transient_peak(pytester):
+def test_cache_final_and_transient_peak(pytester):
     assert session(pytester, CACHE_TESTS.format(bound="4 MiB")) == {
         # One KVCache step allocates 256 slots for K and V: 2 x 256 x 2 heads x 64 x 2 B.
         "test_keeps_a_cache":
-            "kv_limit exceeded: retained 128 KiB (131,072 B) > bound 64 KiB (65,536 B)",
+            "kv_limit exceeded: final 128 KiB (131,072 B) > bound 64 KiB (65,536 B)",
         "test_releases_its_cache": "",
         # The 8 MiB buffer and the 4-byte scalar it is filled from.
         "test_transient_4":
@@ -127,6 +127,43 @@ def test_leak_rate_and_bad_bounds(pytester):
                                     "kv_probe.checkpoint() calls (warmup 1), got 3",
         "test_bad_size": "kv_limit: peak='lots': expected a size in bytes, such as 4096 or "
                          "'512 MiB'",
-        "test_unknown_bound": "kv_limit: unknown bound steady (expected peak, retained, "
+        "test_unknown_bound": "kv_limit: unknown bound steady (expected peak, final, "
                               "leak_rate or warmup)",
     }
+
+
+RENAMED_TESTS = """
+import mlx.core as mx
+import pytest
+
+kept = []
+
+@pytest.mark.kv_limit(retained="1 KiB")
+def test_keeps_8_kib():
+    kept.append(mx.zeros((2048,), dtype=mx.float32))
+    mx.eval(kept[-1])
+"""
+
+
+def test_retained_is_the_old_name_of_final_and_says_so(pytester):
+    """The bound summaries call `final` was `retained` here: it still bounds the same figure,
+    with a DeprecationWarning naming the new name."""
+    pytester.makepyfile(RENAMED_TESTS)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-rA")
+    result.assert_outcomes(failed=1, warnings=1)
+    result.stdout.fnmatch_lines(["*kv_limit exceeded: final 8 KiB (8,192 B) > bound 1 KiB*",
+                                 "*kv_limit(retained=...) is now kv_limit(final=...)*"])
+
+
+def test_the_bounds_are_the_metrics_registered_for_pytest(monkeypatch):
+    """A metric whose registry entry says `pytest` is a bound, computed as summaries compute it."""
+    from harness.judge.metrics import METRICS, Metric
+    from harness.pytest_plugin import KVProbe, bounds
+
+    monkeypatch.setitem(METRICS, "rows", Metric(lambda s: len(s.rows), pytest=True))
+    assert bounds() == ["peak", "final", "leak_rate", "rows"]
+    probe = KVProbe()
+    probe.start()
+    probe.checkpoint()
+    probe.stop()
+    assert probe.figures(warmup=1)["rows"] == 3

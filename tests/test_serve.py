@@ -273,7 +273,7 @@ def test_a_clean_server_fills_its_store_and_holds(model_path: str) -> None:
     ends = frame[(frame["phase"] == "request") & (frame["tokens"] > 0)]
     assert list(ends["request"]) == list(range(8)) and set(ends["tokens"]) == {64 + 16}
     assert frame["time"].is_monotonic_increasing and frame["time"].iloc[0] == 0.0
-    assert engine.facts()["requests"] == 8
+    assert engine.facts().requests == 8
     assert engine.store_stats() == {"nbytes": 3 * MiB, "entries": 3}
     assert figures["final"] == 3 * MiB - ENTRY
 
@@ -296,7 +296,7 @@ def test_requests_name_the_model_where_the_scenario_says(model_path: str) -> Non
     scenario = fake(model_path, "--require-model", name, requests=2)
     scenario["workload"]["http"]["model"] = "{model_name}"
     engine, _, _, _ = serve_with_engine(make_spec(**scenario))
-    assert engine.facts()["requests"] == 2
+    assert engine.facts().requests == 2
     unnamed = fake(model_path, "--require-model", name, requests=2)
     with pytest.raises(RuntimeError, match="the server's first request failed: request -1: "
                                            "HTTP 404"):
@@ -311,7 +311,7 @@ def test_concurrent_clients_and_interrupted_streams(model_path: str) -> None:
         {"kind": "idle", "seconds": 0.3}]}
     engine, frame, _, _ = serve_with_engine(make_spec(**scenario))
     assert len(detect.quiescent(frame)) == 2 + 2 + 1
-    assert engine.facts()["disconnects"] == 2
+    assert engine.facts().disconnects == 2
     assert engine.store_stats() == {"nbytes": 8 * MiB + ENTRY, "entries": 9}  # and the warm-up
 
 

@@ -20,10 +20,9 @@ Protocol (version 1), over `multiprocessing.connection` with the key kvmem gives
   `{"op": "rows"}` only drains; `{"op": "stop"}` drains and ends the agent.
 - if the connection ends without a stop, kvmem is gone: the agent kills its process (and the
   process group it leads), so a server never outlives the kvmem that started it.
-- a row is `(time, phase, request, turn, tokens, active, peak, cache, rss, logical, entries,
-  cyclic)`: `time.monotonic()`, phase "serve" (the period), "request" (a mark) or "idle";
-  request and turn those of the last mark, tokens a mark's own (`"tokens"` in the command);
-  `peak` is the highest active since the previous row.
+- a row is a `Sample` as a plain tuple: `time.monotonic()`, phase "serve" (the period),
+  "request" (a mark) or "idle"; request and turn those of the last mark, tokens a mark's own
+  (`"tokens"` in the command); `peak` is the highest active since the previous row.
 
 `KVMEM_AGENT_PERIOD` sets the period (seconds), `KVMEM_AGENT_LOGICAL` names
 `module:Class.attribute`: every instance of that class made in the process is tracked (weakly)
@@ -44,12 +43,32 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 PROTOCOL = 1
 VARIABLES = ("KVMEM_AGENT", "KVMEM_AGENT_KEY", "KVMEM_AGENT_PERIOD", "KVMEM_AGENT_LOGICAL",
              "KVMEM_AGENT_PLUGINS")
 PHASES = ("serve", "request", "idle")
+
+
+class Sample(NamedTuple):
+    """One reading of a process's memory, as the agent takes it in a server and kvmem's probe
+    in its own process (harness.run.probe adds each step's own columns). The agent sends its
+    samples as plain tuples, read back with `Sample._make`: this module is `kvmem_agent` in a
+    server and `harness.agent.kvmem_agent` in kvmem, so an instance would not unpickle."""
+
+    time: float   # seconds: the agent's `time.monotonic()`, the probe's since it began
+    phase: str
+    request: int
+    turn: int
+    tokens: int
+    active: int   # MLX's active bytes
+    peak: int     # MLX's highest active bytes since the previous sample
+    cache: int    # MLX's buffer cache
+    rss: int
+    logical: int  # what the components (a server: `KVMEM_AGENT_LOGICAL`) say they hold
+    entries: int  # how many entries they hold (a server's; 0 in kvmem's own process)
+    cyclic: int   # MLX bytes only unreachable reference cycles hold (at rest, when asked)
 
 
 def _libc_trim() -> Callable[[int], int] | None:
@@ -237,8 +256,10 @@ class Agent:
             peak = max(peak, self._last_active, active)
             self._last_active = active
             size, entries = self.logical()
-            self._rows.append((time.monotonic(), phase, self._request, self._turn, tokens,
-                               active, peak, cache, current_rss(), size, entries, cyclic))
+            self._rows.append(tuple(Sample(
+                time=time.monotonic(), phase=phase, request=self._request, turn=self._turn,
+                tokens=tokens, active=active, peak=peak, cache=cache, rss=current_rss(),
+                logical=size, entries=entries, cyclic=cyclic)))
             self._busy += time.perf_counter() - began
 
     def drain(self) -> dict:

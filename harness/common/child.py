@@ -7,7 +7,7 @@ does about it. It is deaf from its first instruction: the parent blocks SIGINT w
 the child, which inherits the blocked signal through exec, so a Ctrl-C while the new
 interpreter still imports (a second or two) prints no traceback there. On Linux the child dies
 with its parent (`PR_SET_PDEATHSIG`), however the parent ends, and defers mlx-lm's package
-`__init__` (`harness.models.mlx_lm_import`): most children need mlx-lm's caches alone. The parent
+`__init__` (`harness.common.mlx_lm_import`): most children need mlx-lm's caches alone. The parent
 talks to it over one two-way pipe and kills and joins it however the `with` block ends.
 """
 
@@ -25,7 +25,7 @@ from multiprocessing.connection import Connection
 from types import TracebackType
 from typing import Any
 
-from ..models.mlx_lm_import import defer_init
+from .mlx_lm_import import defer_init
 
 CONTEXT = mp.get_context("spawn")  # a fresh interpreter: none of the parent's threads or locks
 _PR_SET_PDEATHSIG = 1

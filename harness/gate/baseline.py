@@ -29,10 +29,12 @@ from ..common.echo import echo
 from ..common.files import atomic_text
 from ..common.names import flaw
 from ..common.units import format_bytes
-from ..judge.metrics import NOISY
-from ..judge.summary import Summary, SummaryError, checked, load_summaries, read_summary
-from .compare import COMPARED, CompareError, compare, index_summaries, policy_changes, tolerances
+from ..judge.metrics import noisy
+from ..judge.summary import Recorded, Summary, SummaryError, checked, load_summaries, read_summary
+from .compare import COMPARED, compare, index_summaries
+from .policy import policy_changes
 from .render import format_value
+from .tolerance import CompareError, tolerances
 
 
 def unsafe_name(component: object) -> str | None:
@@ -92,7 +94,7 @@ def _spread_reasons(old: Summary, new: Summary) -> list[str]:
     the spread)."""
     reasons = []
     limits = tolerances(old)
-    for name in NOISY:
+    for name in noisy():
         now, limit = new.noise(name), limits[name].scaled(old.metric("peak"))
         if now is not None and limit.widened(now).abs > limit.widened(old.noise(name)).abs:
             reasons.append(f"{name} spread {format_bytes(now.spread)} over {now.runs} runs")
@@ -161,7 +163,7 @@ def store(summaries: list[Summary], root: Path, reason: str, by: str) -> Update:
             result.kept.append(summary)
     at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     for change in planned:
-        change.summary = change.summary.replace(recorded={"by": by, "at": at, "reason": reason})
+        change.summary = change.summary.replace(recorded=Recorded(by=by, at=at, reason=reason))
         try:
             atomic_text(change.path, change.summary.to_json())
         except OSError as exc:

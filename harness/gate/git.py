@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path, PurePosixPath
 
 from ..common.echo import echo
-from .compare import CompareError
+from .tolerance import CompareError
 
 
 def _git(args: list[str], cwd: Path, stdin: bytes | None = None) -> bytes:

@@ -24,7 +24,8 @@ from ..common.files import atomic_write
 from ..judge.metrics import METRICS, RATIO, gated
 from ..judge.summary import Summary, load_summaries
 from .baseline import unsafe_name
-from .compare import CompareError, Key, index_summaries
+from .compare import Key, index_summaries
+from .tolerance import CompareError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

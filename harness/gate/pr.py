@@ -23,19 +23,12 @@ from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
 from ..common.units import format_bytes
-from ..judge.metrics import NOISY
+from ..judge.metrics import noisy
 from ..judge.summary import Summary, SummaryError, summary_from_bytes
-from .compare import (
-    ACCEPT_LABEL,
-    REMOVED,
-    Change,
-    Comparison,
-    Entry,
-    compare,
-    policy_changes,
-    tolerances,
-)
+from .compare import REMOVED, Comparison, Entry, compare
+from .policy import ACCEPT_LABEL, Change, policy_changes
 from .render import format_value
+from .tolerance import tolerances
 
 Baselines = dict[PurePosixPath, Summary]  # by path under the baselines folder
 
@@ -79,7 +72,7 @@ def _changed(old: Summary, new: Summary) -> list[Change]:
     rows = [made(f"baseline {d.metric}", format_value(d.metric, d.base),
                  format_value(d.metric, d.head), d.verdict == "regression") for d in entry.changed]
     limits = tolerances(old)
-    for name in NOISY:
+    for name in noisy():
         limit = limits[name].scaled(old.metric("peak"))
         before, after = limit.widened(old.noise(name)).abs, limit.widened(new.noise(name)).abs
         if after > before:
@@ -94,7 +87,7 @@ def baseline_changes(old: Baselines, new: Baselines) -> list[Change]:
     changes = []
     for path in sorted(set(old) | set(new)):
         before, after = old.get(path), new.get(path)
-        if before is not None and after is not None and before.raw == after.raw:
+        if before is not None and after is not None and before.to_json() == after.to_json():
             continue
         if after is None:
             assert before is not None
@@ -148,7 +141,7 @@ def judge(comparison: Comparison, old: Baselines, new: Baselines, accepted: bool
     comparison.changes, comparison.accepted = changes, accepted
     refused = {c.label for c in changes if c.refused}
     rerecorded = {(*s.key, s.backend): s for path, s in new.items()
-                  if old.get(path) is None or old[path].raw != s.raw}
+                  if old.get(path) is None or old[path].to_json() != s.to_json()}
     for entry in comparison.entries:
         if (entry.verdict == "regression" and entry.failure is None and entry.head is not None
                 and entry.label not in refused):

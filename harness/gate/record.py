@@ -40,7 +40,8 @@ from pydantic import (
 from ..common.echo import MAX_ECHO, clip, echo
 from ..judge.metrics import METRICS, gated
 from ..judge.summary import Summary
-from .compare import CompareError, index_summaries
+from .compare import index_summaries
+from .tolerance import CompareError
 
 SCHEMA = 1
 DEFAULT_KEEP = 365  # a year of nights

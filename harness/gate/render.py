@@ -25,19 +25,17 @@ from ..common.units import format_bytes
 from ..judge.metrics import BYTES, METRICS, gated
 from ..judge.summary import Noise
 from .compare import (
-    ACCEPT_LABEL,
     COMPARED,
     FAILED,
     INCOMPARABLE,
     NEW,
     REMOVED,
-    SMALL_FRACTION,
-    Change,
     Comparison,
     Entry,
     MetricDelta,
-    Tolerance,
 )
+from .policy import ACCEPT_LABEL, Change
+from .tolerance import SMALL_FRACTION, Tolerance
 
 JSON_SCHEMA = 1  # the version of render_json's layout; bumped when a field changes meaning
 MARKER = "<!-- kvmem-memory-delta -->"
@@ -307,7 +305,7 @@ def render_text(comparison: Comparison) -> str:
 
 
 def _spark_rows(entry: Entry, width: int) -> list[str]:
-    series = [list(s.series) if s else [] for s in (entry.base, entry.head)]
+    series = [list(s.series.active) if s and s.series else [] for s in (entry.base, entry.head)]
     if not all(series):
         return []
     lo, hi = min(min(s) for s in series), max(max(s) for s in series)

@@ -1,91 +1,46 @@
 """Detectors: functions from one run's samples to a finding, registered in `DETECTORS`.
 
 The registry drives everything a detector touches: `detect()` runs each entry, a scenario's
-`detect.<name>` block is validated against the entry's thresholds class, `expect.<name>` defaults
-to the entry's `expected`, and the plot marks its steps with the entry's marker. Adding a
-detector is one function, one thresholds class and one registry entry, all in this module.
+`detect.<name>` block is validated against the entry's thresholds class (`DetectSpec`),
+`expect.<name>` defaults to the entry's `expected`, and the plot marks its steps with the
+entry's marker. Adding a detector is one function, one thresholds class and one registry entry,
+all in this module. Each thresholds class holds its defaults; docs/detectors.md gives every
+rule with them (a test holds the page to the classes).
 
-All byte figures are taken above the run's baseline b, the first sample, taken after the
-synthetic K/V pools are drawn and before anything is cached. Per step i the samples hold `active`
-(a), the step's `peak` (p), the components' `logical` bytes (l), the analytic `minimum` (m), the
-step's own input `work` (w) and process `rss`. Active bytes are exact on a given backend, so
+Notation (harness.judge.frames): all bytes above the run's baseline b; per step `active` a,
+the step's `peak` p, the components' `logical` bytes l, the analytic `minimum` m, the step's
+own input `work` w, process `rss`. At rest means the quiescent points q (the idle sample after
+each request or chat turn, the baseline excluded); there c = the MLX bytes unreachable
+reference cycles hold (`cyclic`, found without freeing them) and u = a − b − l − c is the
+memory nothing accounts for. Each byte at rest is attributed once: cycle garbage to
+gc_deferred, reported bytes to unbounded, the rest to leak or retained, split by S (the trend
+test T and the split S: harness.judge.trend). Active bytes are exact on a given backend, so
 detectors on active memory use small floors; the step peak is noisy (an allocator thread frees
 inputs asynchronously), so the spike detector needs a floor of a few MiB.
 
-spike (min_bytes 4 MiB, min_ratio 1.05; checked only when stated)
-    s_i = max(a_{i-1}, a_i);  excess_i = p_i − s_i − w_i;  ratio_i = (p_i − b) / max(s_i − b, 1)
-    flagged where excess_i > min_bytes and ratio_i ≥ min_ratio.
-growth (min_bytes 512 KiB; checked only when stated)
-    excess_i = (a_i − a_{i-1}) − max(m_i − m_{i-1}, 0), over prefill and decode steps whose
-    previous step holds tokens (a sequence's first step is its allocation); flagged where
-    excess_i > min_bytes.
-
-At rest means the quiescent points q (the idle sample after each request or chat turn, the
-baseline excluded); there c = the MLX bytes unreachable reference cycles hold (`cyclic`,
-found without freeing them) and u = a − b − l − c is the memory nothing accounts for: no
-component reports it, and no cycle holds it. Each byte at rest is so attributed once: cycle
-garbage to gc_deferred, reported bytes to unbounded, the rest to leak or retained.
-
-The trend test T(x) over a series past `warmup` points: not held, i.e. its last `hold` deltas
-or more are flat (each |Δ| and their sum < the floor) and more than any flat run while it
-rose (a cache that filled and stopped); from its onset, the last point of a flat start
-(values within the floor of the first), at least 3 points; deltas d_k and a least-squares
-line with slope σ and coefficient of determination r²; the rate is median(d) when every
-d_k > 0, else σ; x rises when rate ≥ its floor and either every d_k > 0 or r² ≥ r2. The split
-S: over every quiescent point, the rises of u (positive Δu) where l rose too, by more than
-Δu / 20, against those where l did not; u rose "in step" when the first sum ≥ the second. Leak and retained
-take the two sides of S, so one rising excess gives one of them, not both.
-
-leak (warmup 1, min_bytes 64 KiB, r2 0.9, hold 3; expected none)
-    T(u) with floor min_bytes, and u not in step (S): memory at rest that nothing accounts for
-    keeps rising. Reports the rate from the onset, per request (or chat turn). A store that
-    grows by design and reports it is not a leak (unbounded), nor is memory that fills and
-    holds (plateau).
-unbounded (budget None, warmup 1, min_bytes 64 KiB, r2 0.9, hold 3; expected none)
-    T(l) with floor min_bytes: the reported bytes keep growing with no plateau. With a budget,
-    an error when l at the last quiescent point > budget (nothing within it); with none, a
-    warning, which a scenario's default expectation lets pass and a stated one does not.
-plateau (min_bytes 1 MiB, flat 64 KiB, hold 3; checked only when stated)
-    t = a − b at rest rose by at least min_bytes, then held: its last `hold` deltas or more
-    are flat (each |Δ| and their sum < flat) and more than any flat run before. Filled to a
-    level, not leaking.
-preallocated (no settings; checked only when stated)
-    Judged on runs of requests with no store, session or server, where l at a decode step is
-    the live request's caches (and a real model's logits in flight). At each decode step i one
-    token after a decode step of the same request: t_i = m_i − m_{i-1}, what one more token
-    needs now; spare_i = l_i − m_i. Flagged where spare_i > m_i (less than half of it used) and
-    spare_i > 512 t_i (more spare slots than twice mlx-lm's 256-slot growth step, which a
-    growing cache never holds at a decode step); a warning, reported at the largest spare.
-retained (min_bytes 1 MiB, ratio 0.25, warmup 1, min_rate 64 KiB, r2 0.9, hold 3; expected none)
-    excess_i = a_i − b − l_i − c_i, where a step's c_i is the larger of the measurements at
-    rest before and after it, over every step but a server's in flight (its requests' working
-    memory is reported by nothing: there l is what it stores). Nothing when memory is kept
-    at rest (a − b − c > min_bytes at a quiescent point) but l is 0 at every one: a component
-    with no byte accounting, with nothing to hold the allocator to. When T(u) with floor min_rate
-    rises and u is not in step (S), nothing: that excess is leak's (give both the same
-    warm-up). Otherwise flagged where
-    excess_i > max(min_bytes, ratio × l_i) at any step, reported at the largest; else where
-    T(u) rises in step: small waste in every entry stored (a slice that keeps unused slots
-    alive), reported as the excess at the last quiescent point.
-aliased (min_bytes 1 MiB; expected none)
-    over_i = l_i − (a_i − b); flagged where over_i > min_bytes on a prefill or decode step
-    and on the step before it, also prefill or decode: the components report more than
-    exists, the same arrays counted twice while the request computes (a fetch that hands out
-    the store's own cache objects). A lazy copy shares its source's buffer until the next
-    write, and a store row is a handover: each counts twice for one row only.
-host_memory (min_bytes 32 MiB; expected none)
-    o = rss − active − MLX cache on the CPU backend (its buffers live in RSS), else rss;
-    rise_i = o_i − o_0 at each idle point; flagged where rise_i > min_bytes and
-    rise_i > a_i − b.
-gc_deferred (min_bytes 64 KiB; expected none)
-    c_q at each quiescent point (0 when `sampling.find_cycles` is false); flagged where
-    c_q > min_bytes: unreachable reference cycles hold MLX buffers until the collector runs.
-pooled (min_bytes None: 64 MiB on CPU, unchecked elsewhere; expected none)
-    k_q = MLX's buffer cache (`cache`, freed buffers kept for reuse) at quiescent point q;
-    flagged where k_q > min_bytes. MLX's default cache limit on the CPU backend is 32 MiB, so
-    a run at the default never reaches it; a component that raises the limit can. On Metal
-    and CUDA the default limit follows the device's memory: checked only with a stated
-    min_bytes.
+spike      s_i = max(a_{i-1}, a_i); excess_i = p_i − s_i − w_i; ratio_i = (p_i − b) / max(s_i − b, 1);
+           flagged where excess_i > min_bytes and ratio_i ≥ min_ratio.
+growth     excess_i = (a_i − a_{i-1}) − max(m_i − m_{i-1}, 0) over prefill and decode steps whose
+           previous step holds tokens; flagged where excess_i > min_bytes.
+leak       T(u) with floor min_bytes, and u not in step (S); the rate per request (or turn).
+unbounded  T(l) with floor min_bytes; an error when l at the last point > budget, a warning
+           with no budget stated.
+plateau    a − b at rest rose by at least min_bytes, then held (flat: each |Δ| and their sum
+           < flat over the last `hold` deltas or more, more than any pause before).
+preallocated  on runs of requests with no store, session or server, at a decode step one
+           token after another of the same request: spare = l − m > m and > 512 (m_i − m_{i-1});
+           a warning, at the largest spare.
+retained   excess_i = a_i − b − l_i − c_i (c_i the larger measurement at rest around step i),
+           over every step but a server's in flight, > max(min_bytes, ratio × l_i); else T(u)
+           with floor min_rate in step (S); nothing when T(u) rises not in step (leak's), or
+           when memory is kept at rest but l is 0 at every point (no accounting to hold to).
+aliased    over_i = l_i − (a_i − b) > min_bytes on a prefill or decode step and the step
+           before it: the same arrays counted twice.
+host_memory  o = rss − active − cache on CPU (its buffers live in RSS), else rss; rise_i =
+           o_i − o_0 at rest > min_bytes and > a_i − b.
+gc_deferred  c_q > min_bytes at a quiescent point.
+pooled     MLX's buffer cache at a quiescent point > min_bytes (on CPU twice its default limit
+           when unset; elsewhere checked only with a stated min_bytes).
 
 A per-step detector reports, through `from_hits`, the step of its largest excess, that excess in
 bytes, how many steps it hit and the first MAX_STEPS_LISTED of them.
@@ -94,40 +49,33 @@ bytes, how many steps it hit and the first MAX_STEPS_LISTED of them.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from ..common.strict import Strict, registered
 from ..common.units import Size, mib
+from .frames import (
+    IN_FLIGHT,
+    point_name,
+    quiescent,
+    spike_ratios,
+    transients,
+    unexplained,
+    where,
+)
+from .records import Finding
+from .trend import Trend, held, in_step, rising
 
 # numpy and pandas are imported where a frame is read: the scenario schema imports this module
 # for the registry alone, and rejecting a bad file must not wait for them.
 if TYPE_CHECKING:
-    import numpy as np
     import pandas as pd
 
 MAX_STEPS_LISTED = 20
 MAX_WARMUP = 2**31 - 1          # an int32, as every count of a scenario
 Presence = Literal["none", "detected"]
-
-
-@dataclass
-class Finding:
-    """What a detector found. `severity` "warning": shown and recorded, but a scenario's default
-    expectation of none is not failed by it (growth with no budget stated); only an expectation
-    the scenario states is."""
-
-    kind: str
-    step: int
-    bytes: int
-    count: int
-    message: str
-    steps: list[int] = field(default_factory=list)
-    severity: Literal["error", "warning"] = "error"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 class Thresholds(BaseModel):
@@ -146,29 +94,9 @@ def from_hits(kind: str, hits: pd.DataFrame, excess: pd.Series,
     if hits.empty:
         return None
     worst = excess[hits.index].idxmax()
-    return Finding(kind, int(hits["step"][worst]), int(excess[worst]), len(hits), message(worst),
-                   hits["step"].head(MAX_STEPS_LISTED).tolist())
-
-
-def _previous_active(frame: pd.DataFrame) -> pd.Series:
-    return frame["active"].shift(1, fill_value=frame["active"].iloc[0])
-
-
-def transients(frame: pd.DataFrame) -> pd.Series:
-    """Per step: peak beyond the larger of active before and after, less the step's own input."""
-    import numpy as np
-
-    settled = np.maximum(_previous_active(frame), frame["active"])
-    return frame["peak"] - settled - frame["work"]
-
-
-def spike_ratios(frame: pd.DataFrame) -> pd.Series:
-    """Per step: peak over the larger of active before and after, both above the baseline."""
-    import numpy as np
-
-    base = frame["active"].iloc[0]
-    settled = np.maximum(_previous_active(frame), frame["active"]) - base
-    return (frame["peak"] - base) / settled.clip(lower=1)
+    return Finding(kind=kind, step=int(hits["step"][worst]), bytes=int(excess[worst]),
+                   count=len(hits), message=message(worst),
+                   steps=hits["step"].head(MAX_STEPS_LISTED).tolist())
 
 
 class SpikeThresholds(Thresholds):
@@ -208,45 +136,6 @@ def growth(frame: pd.DataFrame, t: GrowthThresholds, backend: str) -> Finding | 
         f"+{mib(excess[at])} MiB at {where(frame, at)}"))
 
 
-# A server's rows while requests are in flight (harness.run.server_engine): its logical bytes
-# are what it stores (its prompt cache), not its requests' working memory, which nothing there
-# reports; such rows are judged at rest only.
-IN_FLIGHT = ("request", "serve")
-
-
-def where(frame: pd.DataFrame, at: Hashable) -> str:
-    """A row as a finding names it: `step 105 (idle)`; on a server's run with its request too,
-    `step 105 (idle, request 13)`."""
-    step, phase, request = frame["step"][at], frame["phase"][at], frame["request"][at]
-    if request >= 0 and frame["phase"].isin(IN_FLIGHT).any():
-        return f"step {step} ({phase}, request {request})"
-    return f"step {step} ({phase})"
-
-
-def quiescent(frame: pd.DataFrame) -> pd.DataFrame:
-    """Samples taken with nothing in flight: after each request, or each chat turn."""
-    idle = frame[frame["phase"] == "idle"]
-    return idle.iloc[1:]  # the first is the baseline
-
-
-def unexplained(rows: pd.DataFrame, frame: pd.DataFrame) -> pd.Series:
-    """Active memory above the run's baseline that neither the components' reported bytes nor
-    unreachable cycles (gc_deferred's) account for: what the allocator holds that nothing
-    says it keeps."""
-    return rows["active"] - frame["active"].iloc[0] - rows["logical"] - cycles_around(rows, frame)
-
-
-def cycles_around(rows: pd.DataFrame, frame: pd.DataFrame) -> pd.Series:
-    """What cycle garbage may hold at each of `rows`: measured at idle points only, so a step
-    takes the larger of the measurements at rest before and after it (garbage made during a
-    request is still there at its end, unless the collector ran)."""
-    import numpy as np
-
-    measured = frame["cyclic"].where(frame["phase"] == "idle")
-    spread = np.maximum(measured.ffill().fillna(0), measured.bfill().fillna(0))
-    return spread.loc[rows.index]
-
-
 class TrendThresholds(Thresholds):
     """How a series at rest must rise to count (`rising`): past `warmup` quiescent points,
     every delta positive or a line fit with r² ≥ `r2`; and not held: a series whose last
@@ -256,116 +145,6 @@ class TrendThresholds(Thresholds):
     warmup: Annotated[int, Field(ge=0, le=MAX_WARMUP)] = 1
     r2: Annotated[float, Field(ge=0.0, le=1.0)] = 0.9
     hold: Annotated[int, Field(ge=1, le=MAX_WARMUP)] = 3
-
-
-@dataclass(frozen=True)
-class Trend:
-    """A series that keeps rising: bytes per point, the line fit's r², how many deltas, and
-    the point where the rise begins (after a flat start)."""
-
-    rate: float
-    r2: float
-    deltas: int
-    start: int = 0
-
-
-def _fit(values: np.ndarray) -> tuple[float, float]:
-    """Slope and r² of the least-squares line through `values` at 0, 1, 2..."""
-    import numpy as np
-
-    x = np.arange(len(values), dtype=float)
-    slope, intercept = np.polyfit(x, values, 1)
-    total = ((values - values.mean()) ** 2).sum()
-    r2 = 1.0 - ((values - (slope * x + intercept)) ** 2).sum() / total if total else 0.0
-    return float(slope), float(r2)
-
-
-def _runs(flat: np.ndarray) -> list[int]:
-    """The lengths of the runs of True in `flat`, in order."""
-    runs, length = [], 0
-    for value in flat:
-        if value:
-            length += 1
-        elif length:
-            runs.append(length)
-            length = 0
-    return [*runs, length] if length else runs
-
-
-def held(values: np.ndarray, floor: float, hold: int) -> int:
-    """How many flat deltas end the series when they make it held, else 0: each |Δ| < floor
-    and together less than floor (a slow rise is not flat), at least `hold` of them and more
-    than any flat run before them (a pause while it rose), after a rise of at least floor."""
-    import numpy as np
-
-    deltas = np.diff(values)
-    flat = np.abs(deltas) < floor
-    if len(deltas) == 0 or not flat[-1]:
-        return 0
-    runs = _runs(flat)
-    tail, pauses = runs[-1], runs[:-1]
-    rose = bool((deltas[: len(deltas) - tail] >= floor).any())
-    still = abs(deltas[len(deltas) - tail:].sum()) < floor
-    return tail if rose and still and tail >= hold and tail > max(pauses, default=0) else 0
-
-
-def onset(values: np.ndarray, floor: float) -> int:
-    """Where a rise begins: the last point of the flat start (values within `floor` of the
-    first), so a rate is fitted where the growth is, not over a fill or a warm-up before it."""
-    import numpy as np
-
-    away = np.flatnonzero(np.abs(values - values[0]) >= floor)
-    return max(int(away[0]) - 1, 0) if len(away) else 0
-
-
-def rising(values: pd.Series, min_rate: float, r2: float, hold: int = 3) -> Trend | None:
-    """The trend test: not held (`held`); from its onset, at least 3 values; the rate is the
-    median delta when every delta is positive, else the fitted slope; rising when rate ≥
-    min_rate and either every delta is positive or the fit's r² ≥ r2."""
-    import numpy as np
-
-    if len(values) < 3:
-        return None
-    whole = values.to_numpy(dtype=float)
-    if held(whole, min_rate, hold):
-        return None
-    start = onset(whole, min_rate)
-    series = whole[start:]
-    if len(series) < 3:
-        return None
-    deltas = np.diff(series)
-    slope, fit = _fit(series)
-    every = bool((deltas > 0).all())
-    rate = float(np.median(deltas)) if every else slope
-    if rate < min_rate or not (every or fit >= r2):
-        return None
-    return Trend(rate, fit, len(deltas), start)
-
-
-# The most waste per byte stored that still counts as in step: a 13-token entry in a 256-slot
-# block (mlx-lm's KVCache step) wastes 19 times what it reports.
-MAX_WASTE = 20
-
-
-def in_step(frame: pd.DataFrame) -> bool:
-    """Whether the unexplained memory at rest rose in step with the reported bytes.
-
-    Over every quiescent point (no warm-up, so leak and retained split the same way): the
-    rises of the excess between points where the reported bytes also rose, by more than
-    1/MAX_WASTE of that rise, against those where they did not. Waste proportional to what is
-    held comes with what is stored; a leak rises while the store's own count stands still,
-    or merely wanders (a full store replacing entries of different lengths).
-    """
-    import numpy as np
-
-    points = quiescent(frame)
-    rise = np.diff(unexplained(points, frame).to_numpy(dtype=float)).clip(min=0)
-    grew = np.diff(points["logical"].to_numpy(dtype=float)) * MAX_WASTE > rise
-    return bool(rise[grew].sum() >= rise[~grew].sum())
-
-
-def _unit(points: pd.DataFrame) -> str:
-    return "turn" if (points["turn"] >= 0).any() else "request"
 
 
 class LeakThresholds(TrendThresholds):
@@ -394,13 +173,14 @@ def leak(frame: pd.DataFrame, t: LeakThresholds, backend: str) -> Finding | None
     trend = rising(unexplained(points, frame), t.min_bytes, t.r2, t.hold)
     if trend is None or in_step(frame):
         return None
-    unit = _unit(points)
+    unit = point_name(points)
     return Finding(
-        "leak", int(points["step"].iloc[-1]), round(trend.rate), trend.deltas,
-        f"memory at rest that no component reports grows {trend.rate:,.0f} B per {unit}"
-        f"{_since(trend, points, unit)} over {trend.deltas} {unit}s after a warm-up of "
-        f"{t.warmup} (fit r²={trend.r2:.3f})",
-        points["step"].iloc[trend.start:].head(MAX_STEPS_LISTED).tolist())
+        kind="leak", step=int(points["step"].iloc[-1]), bytes=round(trend.rate),
+        count=trend.deltas,
+        message=f"memory at rest that no component reports grows {trend.rate:,.0f} B per "
+                f"{unit}{_since(trend, points, unit)} over {trend.deltas} {unit}s after a "
+                f"warm-up of {t.warmup} (fit r²={trend.r2:.3f})",
+        steps=points["step"].iloc[trend.start:].head(MAX_STEPS_LISTED).tolist())
 
 
 class UnboundedThresholds(TrendThresholds):
@@ -419,18 +199,19 @@ def unbounded(frame: pd.DataFrame, t: UnboundedThresholds, backend: str) -> Find
     trend = rising(points["logical"], t.min_bytes, t.r2, t.hold)
     if trend is None:
         return None
-    unit, reported = _unit(points), points["logical"].iloc[-1]
+    unit, reported = point_name(points), points["logical"].iloc[-1]
     if t.budget is not None and reported <= t.budget:
         return None
-    where = (f"over the budget of {mib(t.budget)} MiB" if t.budget is not None else
-             "with no budget stated (detect.unbounded.budget)")
+    over = (f"over the budget of {mib(t.budget)} MiB" if t.budget is not None else
+            "with no budget stated (detect.unbounded.budget)")
     return Finding(
-        "unbounded", int(points["step"].iloc[-1]), round(trend.rate), trend.deltas,
-        f"components report {mib(reported)} MiB at rest, {where}, growing {trend.rate:,.0f} B "
-        f"per {unit}{_since(trend, points, unit)} over {trend.deltas} {unit}s with no plateau "
-        f"(fit r²={trend.r2:.3f})",
-        points["step"].iloc[trend.start:].head(MAX_STEPS_LISTED).tolist(),
-        "error" if t.budget is not None else "warning")
+        kind="unbounded", step=int(points["step"].iloc[-1]), bytes=round(trend.rate),
+        count=trend.deltas,
+        message=f"components report {mib(reported)} MiB at rest, {over}, growing "
+                f"{trend.rate:,.0f} B per {unit}{_since(trend, points, unit)} over "
+                f"{trend.deltas} {unit}s with no plateau (fit r²={trend.r2:.3f})",
+        steps=points["step"].iloc[trend.start:].head(MAX_STEPS_LISTED).tolist(),
+        severity="error" if t.budget is not None else "warning")
 
 
 class PlateauThresholds(Thresholds):
@@ -453,13 +234,14 @@ def plateau(frame: pd.DataFrame, t: PlateauThresholds, backend: str) -> Finding 
     tail = held(total, t.flat, t.hold) if len(total) >= 2 else 0
     if not tail or total[-1] - total[0] < t.min_bytes:
         return None
-    unit = _unit(points)
+    unit = point_name(points)
     first = len(points) - 1 - tail
     return Finding(
-        "plateau", int(points["step"].iloc[first]), int(total[-1]), tail,
-        f"memory at rest rose to {mib(total[-1])} MiB by step {points['step'].iloc[first]} and "
-        f"held there over the last {tail} {unit}s: filled, not leaking",
-        points["step"].iloc[first:].head(MAX_STEPS_LISTED).tolist())
+        kind="plateau", step=int(points["step"].iloc[first]), bytes=int(total[-1]), count=tail,
+        message=f"memory at rest rose to {mib(total[-1])} MiB by step "
+                f"{points['step'].iloc[first]} and held there over the last {tail} {unit}s: "
+                "filled, not leaking",
+        steps=points["step"].iloc[first:].head(MAX_STEPS_LISTED).tolist())
 
 
 class PreallocatedThresholds(Thresholds):
@@ -537,13 +319,14 @@ def retained(frame: pd.DataFrame, t: RetainedThresholds, backend: str) -> Findin
         f"components report, at {where(frame, at)}"))
     if found is not None or trend is None:
         return found
-    unit, last = _unit(points), points.index[-1]
+    unit, last = point_name(points), points.index[-1]
     return Finding(
-        "retained", int(points["step"][last]), int(at_rest[last]), trend.deltas,
-        f"allocator holds {mib(at_rest[last])} MiB beyond the {mib(points['logical'][last])} "
-        f"MiB the components report at rest, rising {trend.rate:,.0f} B per {unit} in step "
-        f"with them (fit r²={trend.r2:.3f})",
-        points["step"].head(MAX_STEPS_LISTED).tolist())
+        kind="retained", step=int(points["step"][last]), bytes=int(at_rest[last]),
+        count=trend.deltas,
+        message=f"allocator holds {mib(at_rest[last])} MiB beyond the "
+                f"{mib(points['logical'][last])} MiB the components report at rest, rising "
+                f"{trend.rate:,.0f} B per {unit} in step with them (fit r²={trend.r2:.3f})",
+        steps=points["step"].head(MAX_STEPS_LISTED).tolist())
 
 
 class AliasThresholds(Thresholds):
@@ -681,7 +464,30 @@ DETECTORS: dict[str, Detector] = {
 }
 
 
-def detect(frame: pd.DataFrame, thresholds: BaseModel, backend: str) -> list[Finding]:
+class DetectSpec(Strict):
+    """`detect:` in a scenario: each registered detector's thresholds under its name.
+
+    Validated against the registry as it stands when a scenario is read (`registered`), so a
+    detector registered after import is known and a name not registered is unknown; the
+    thresholds are held as extra fields, so a spec pickles (to a variant's child) by value.
+    """
+
+    model_config = ConfigDict(extra="allow", defer_build=True)
+
+    if TYPE_CHECKING:
+        def __getattr__(self, name: str) -> Any: ...
+
+
+def _thresholds() -> dict[str, tuple[Any, Any]]:
+    return {name: (d.thresholds, d.thresholds()) for name, d in DETECTORS.items()}
+
+
+# `detect:`'s validator (the schema's field takes it as its BeforeValidator), and its default.
+detect_spec = registered(DetectSpec, _thresholds)
+Detect = Annotated[DetectSpec, BeforeValidator(detect_spec)]
+
+
+def detect(frame: pd.DataFrame, thresholds: DetectSpec, backend: str) -> list[Finding]:
     """Every registered detector over one run's samples, each with its `thresholds.<name>`."""
     found = (d.find(frame, getattr(thresholds, name), backend) for name, d in DETECTORS.items())
     return [finding for finding in found if finding is not None]

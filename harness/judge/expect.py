@@ -1,104 +1,130 @@
-"""Expectations: a run's summary metrics, and the scenario's `expect:` checked against them.
+"""Expectations: the scenario's `expect:` block, and its check against a run's findings and
+metrics.
 
 Findings are facts; expectations decide pass or fail. Each registered detector's presence is
-checked when the scenario states it or its registry entry expects one (see detect.DETECTORS);
-spike's expectation may instead bound the spike_ratio metric. Budgets bound metrics in bytes
-(peak, steady, final, per_token) or as a ratio (overhead).
+checked when the scenario states it or its registry entry expects one (detectors.DETECTORS);
+spike's expectation may instead bound the spike_ratio metric. A metric with a `budget`
+(metrics.METRICS) is bounded under that key: bytes (peak, steady, final, per_token) or a ratio
+(overhead). `compare:` holds the scenario's tolerances, which the gate applies to the base.
 """
 
 from __future__ import annotations
 
-import pandas as pd
+from typing import TYPE_CHECKING, Annotated, Any
 
-from ..scenario import DetectSpec, ExpectSpec, SpikeBound
-from .detectors import DETECTORS, IN_FLIGHT, Finding, Presence, spike_ratios, transients
-from .metrics import METRICS
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
 
-
-class Samples:
-    """A completed run's samples, with what several metrics share (harness.metrics.METRICS)."""
-
-    def __init__(self, frame: pd.DataFrame, findings: list[Finding], thresholds: DetectSpec):
-        self.frame: pd.DataFrame = frame
-        self.findings: list[Finding] = findings
-        self.base: int = int(frame["active"].iloc[0])
-        # The rows detectors judge: all but a server's samples in flight.
-        self.judged: pd.DataFrame = frame[~frame["phase"].isin(IN_FLIGHT)]
-        decode = frame[frame["phase"] == "decode"]
-        self.steady_row: pd.Series = decode.iloc[-1] if not decode.empty else frame.iloc[-1]
-        self.steady: int = int(self.steady_row["active"]) - self.base
-        self.minimum: int = int(self.steady_row["minimum"])
-        self.excess: pd.Series = transients(frame)  # each step's transient above its input
-        self._spike_floor: int = thresholds.spike.min_bytes
-
-    @property
-    def spike_ratio(self) -> float:
-        """The largest spike's peak over what the step settled at, among spikes above the floor."""
-        big = self.excess > self._spike_floor
-        return round(float(spike_ratios(self.frame)[big].max()), 4) if big.any() else 1.0
-
-    @property
-    def leak_rate(self) -> int:
-        leaks = [f.bytes for f in self.findings if f.kind == "leak"]
-        return leaks[0] if leaks else 0
+from ..common.strict import Number, Strict, registered, tagged
+from ..common.units import Size
+from .detectors import DETECTORS, Presence
+from .metrics import BYTES, METRICS, gated
+from .records import Expectation, Finding
 
 
-def metrics(frame: pd.DataFrame, findings: list[Finding], thresholds: DetectSpec) -> dict:
-    """Summary figures, in bytes above the baseline unless named otherwise: every registered
-    metric, in the registry's order."""
-    samples = Samples(frame, findings, thresholds)
-    return {name: metric.compute(samples) for name, metric in METRICS.items()}
+class SpikeBound(Strict):
+    max_ratio: Annotated[Number, Field(ge=1.0)]
 
 
-def _presence(name: str, expected: Presence, findings: list[Finding], stated: bool = True) -> dict:
+class ToleranceSpec(Strict):
+    """`expect.compare.<metric>`: the tolerance the gate applies to it, where the scenario sets
+    one (the gate takes the base's)."""
+
+    rel: Annotated[Number, Field(ge=0.0)] | None = None
+    abs: Size | None = None
+
+
+if TYPE_CHECKING:
+    SpikeExpectation = Presence | SpikeBound
+else:
+    SpikeExpectation = tagged(scalar=Presence, mapping=SpikeBound)
+
+
+def _gated(name: str) -> str:
+    """A metric `kvmem compare` gates on: a typo would silently tolerate nothing."""
+    if name not in gated():
+        raise ValueError(f"expected a metric compare gates on: {', '.join(gated())}")
+    return name
+
+
+GatedName = Annotated[str, AfterValidator(_gated)]
+
+
+class ExpectSpec(Strict):
+    """`expect:`: spike's presence or bound and `kvmem compare`'s tolerances; each other
+    registered detector's presence (`none` or `detected`, defaulting to its registry entry's
+    `expected`) and each metric's budget are extra fields, validated as DetectSpec's are."""
+
+    model_config = ConfigDict(extra="allow", defer_build=True)
+
+    spike: SpikeExpectation | None = None
+    compare: dict[GatedName, ToleranceSpec] = Field(default_factory=dict)
+
+    if TYPE_CHECKING:
+        def __getattr__(self, name: str) -> Any: ...
+
+
+def _fields() -> dict[str, tuple[Any, Any]]:
+    """Each detector's presence but spike's (declared), then each metric's budget."""
+    presences = {name: (Presence | None, d.expected) for name, d in DETECTORS.items()
+                 if name != "spike"}
+    budgets = {m.budget: ((Size if m.unit == BYTES else Annotated[Number, Field(gt=0.0)])
+                          | None, None)
+               for m in METRICS.values() if m.budget is not None}
+    return {**presences, **budgets}
+
+
+# `expect:`'s validator (the schema's field takes it as its BeforeValidator).
+expect_spec = registered(ExpectSpec, _fields)
+Expect = Annotated[ExpectSpec, BeforeValidator(expect_spec)]
+
+
+def _presence(name: str, expected: Presence, findings: list[Finding],
+              stated: bool = True) -> Expectation:
     """A presence expectation; one the scenario did not state (the registry's default) is not
     failed by a warning."""
     found = [f for f in findings if f.kind == name and (stated or f.severity == "error")]
     actual = "detected" if found else "none"
     message = found[0].message if found else f"no {name} finding"
-    return {"name": name, "expected": expected, "actual": actual,
-            "ok": actual == expected, "message": message}
+    return Expectation(name=name, expected=expected, actual=actual, ok=actual == expected,
+                       message=message)
 
 
-def _bound(name: str, actual: float | None, limit: float, unit: str = "B") -> dict:
+def _bound(name: str, actual: float | None, limit: float, in_bytes: bool) -> Expectation:
     ok = actual is not None and actual <= limit
-    shown = "n/a" if actual is None else (f"{actual:,.0f} B" if unit == "B" else f"{actual:.3f}")
-    limit_shown = f"{limit:,.0f} B" if unit == "B" else f"{limit:.3f}"
-    return {"name": name, "expected": f"<= {limit_shown}", "actual": shown, "ok": ok,
-            "message": f"{name} {shown} {'within' if ok else 'exceeds'} {limit_shown}"}
+    shown = "n/a" if actual is None else (f"{actual:,.0f} B" if in_bytes else f"{actual:.3f}")
+    limit_shown = f"{limit:,.0f} B" if in_bytes else f"{limit:.3f}"
+    return Expectation(name=name, expected=f"<= {limit_shown}", actual=shown, ok=ok,
+                       message=f"{name} {shown} {'within' if ok else 'exceeds'} {limit_shown}")
 
 
-def _presences(expect: ExpectSpec, findings: list[Finding]) -> list[dict]:
+def _presences(expect: ExpectSpec, findings: list[Finding]) -> list[Expectation]:
     """The stated presences: first those the registry expects absent unless a scenario says
-    otherwise, then those checked only when stated; spike's comes after them (`_spike`)."""
+    otherwise, then those checked only when stated; spike's comes after them (`_spiked`)."""
     detectors = sorted(DETECTORS.items(), key=lambda item: item[1].expected is None)
     stated = ((name, getattr(expect, name)) for name, _ in detectors if name != "spike")
     return [_presence(name, expected, findings, name in expect.model_fields_set)
             for name, expected in stated if expected is not None]
 
 
-def _spike(expected: Presence | SpikeBound | None, findings: list[Finding],
-           figures: dict) -> list[dict]:
+def _spiked(expected: Presence | SpikeBound | None, findings: list[Finding],
+            figures: dict[str, Any]) -> list[Expectation]:
     """Spike's expectation: a presence, or `{max_ratio: X}`, a bound on the spike_ratio metric
     (a growing cache spikes by design; the scenario says how large a spike it accepts)."""
     if isinstance(expected, SpikeBound):
-        return [_bound("spike_ratio", figures["spike_ratio"], expected.max_ratio, "x")]
+        return [_bound("spike_ratio", figures["spike_ratio"], expected.max_ratio, False)]
     return [] if expected is None else [_presence("spike", expected, findings)]
 
 
-def _budgets(expect: ExpectSpec, figures: dict) -> list[dict]:
-    results = [_bound(name, figures[name], getattr(expect, name))
-               for name in ("peak", "steady", "final") if getattr(expect, name) is not None]
-    if expect.per_token is not None:
-        per_token = figures["steady"] / figures["tokens"] if figures["tokens"] else None
-        results.append(_bound("per_token", per_token, expect.per_token))
-    if expect.overhead is not None:
-        results.append(_bound("overhead", figures["overhead_ratio"], expect.overhead, "x"))
-    return results
+def _budgets(expect: ExpectSpec, figures: dict[str, Any]) -> list[Expectation]:
+    """Each stated budget against its metric, in the registry's order."""
+    return [_bound(m.budget, figures[name], limit, m.unit == BYTES)
+            for name, m in METRICS.items()
+            if m.budget is not None and (limit := getattr(expect, m.budget)) is not None]
 
 
-def check(expect: ExpectSpec, findings: list[Finding], figures: dict) -> list[dict]:
+def check(expect: ExpectSpec, findings: list[Finding],
+          figures: dict[str, Any]) -> list[Expectation]:
     """Each expectation of the scenario against the findings and metrics: presences, spike,
     budgets, the order summaries (and the baselines kept from them) have always had."""
-    return [*_presences(expect, findings), *_spike(expect.spike, findings, figures),
+    return [*_presences(expect, findings), *_spiked(expect.spike, findings, figures),
             *_budgets(expect, figures)]

@@ -1,29 +1,103 @@
-"""The metrics a summary reports, one registry entry each: how a run computes it, its unit, how
-it reads, and whether and how `kvmem compare` gates on it.
+"""The metrics a summary reports, one registry entry each: how a run computes it from its
+samples, its unit, how it reads, whether and how `kvmem compare` gates on it, and where else it
+appears.
 
-A new metric is one entry in METRICS: the run computes it from its samples (`compute`, given
-`harness.expect.Samples`), the summary records it under its name in that order, and, when it
-has a `gate`, compare, the renderings, the benchmark export and the history plots take it up.
+A new metric is one entry in METRICS. Its `compute` is given the run's `Samples`; the summary
+records it under its name, in the registry's order (unless `recorded` is false: a figure only
+bounded); with a `gate`, compare, the renderings, the benchmark export and the history plots
+take it up; with a `budget`, a scenario bounds it under `expect:`; with a `column`, the results
+table of `run` and `show` shows it; with `pytest`, the plugin's `kv_limit` bounds it.
 
 Nothing here imports MLX, pandas or matplotlib: the gate reads summaries fast.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..common.units import format_bytes
+from .frames import IN_FLIGHT, spike_ratios, transients
+from .records import Finding
 
 if TYPE_CHECKING:
-    from .expect import Samples
+    import pandas as pd
 
-BYTES, RATIO, COUNT = "bytes", "ratio", "count"
+    from .detectors import DetectSpec
+
+BYTES, RATIO, COUNT, SECONDS = "bytes", "ratio", "count", "seconds"
 # Step-peak metrics move run to run on CPU, so their spread is measured; active-byte metrics are
 # exact and must be identical run to run.
 NOISY_KIND, EXACT_KIND = "noisy", "exact"
 LOWER, HIGHER = "lower", "higher"
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a run knows beside its samples: its wall time, the size check's estimate, and the
+    weights of the real model it served (None without one)."""
+
+    wall_s: float
+    estimate: int
+    weights: int | None = None
+
+
+class Samples:
+    """A run's samples with what several metrics share, each worked out when first asked for.
+    A run that left none (it failed, or was refused) has its facts alone: `frame` is None."""
+
+    def __init__(self, frame: pd.DataFrame | None, findings: list[Finding],
+                 thresholds: DetectSpec, facts: RunFacts):
+        self.frame = frame
+        self.findings = findings
+        self.facts = facts
+        self._spike_floor: int = thresholds.spike.min_bytes
+
+    @property
+    def rows(self) -> pd.DataFrame:
+        assert self.frame is not None, "a metric of samples asked of a run without any"
+        return self.frame
+
+    @functools.cached_property
+    def base(self) -> int:
+        return int(self.rows["active"].iloc[0])
+
+    @functools.cached_property
+    def judged(self) -> pd.DataFrame:
+        """The rows detectors judge: all but a server's samples in flight."""
+        return self.rows[~self.rows["phase"].isin(IN_FLIGHT)]
+
+    @functools.cached_property
+    def steady_row(self) -> pd.Series:
+        """The last decode step's row (the last row where nothing decodes)."""
+        decode = self.rows[self.rows["phase"] == "decode"]
+        return decode.iloc[-1] if not decode.empty else self.rows.iloc[-1]
+
+    @property
+    def steady(self) -> int:
+        return int(self.steady_row["active"]) - self.base
+
+    @property
+    def minimum(self) -> int:
+        return int(self.steady_row["minimum"])
+
+    @functools.cached_property
+    def excess(self) -> pd.Series:
+        """Each step's transient above its input."""
+        return transients(self.rows)
+
+    @property
+    def spike_ratio(self) -> float:
+        """The largest spike's peak over what the step settled at, among spikes above the floor."""
+        big = self.excess > self._spike_floor
+        return round(float(spike_ratios(self.rows)[big].max()), 4) if big.any() else 1.0
+
+    @property
+    def leak_rate(self) -> int:
+        leaks = [f.bytes or 0 for f in self.findings if f.kind == "leak"]
+        return leaks[0] if leaks else 0
 
 
 @dataclass(frozen=True)
@@ -45,14 +119,22 @@ class Metric:
     gate: Gate | None = None       # None: reported, never compared
     kind: str | None = None        # NOISY_KIND or EXACT_KIND for gated metrics
     required: bool = False         # every completed run's summary carries it (schema 1 on)
+    nullable: bool = False         # ... and may carry it as null (no analytic minimum)
     direction: str = LOWER         # which way is better
+    budget: str | None = None      # the key under `expect:` that bounds it
+    column: bool = False           # a column of the results table (`kvmem run`, `kvmem show`)
+    pytest: bool = False           # a bound of the pytest plugin's `kv_limit`
+    recorded: bool = True          # written to the summary (false: computed to be bounded)
+    of_run: bool = False           # a fact of the run, known without samples; left out if None
 
     def format(self, value: float, signed: bool = False) -> str:
-        """`7.81 MiB`, `+1 MiB/req`, `1.250×` (a signed ratio: `+0.250`)."""
+        """`7.81 MiB`, `+1 MiB/req`, `1.250×` (a signed ratio: `+0.250`), `12.5 s`."""
         if self.unit == RATIO:
             return f"{value:+.3f}" if signed else f"{value:.3f}×"
         if self.unit == COUNT:
             return f"{value:+,.0f}" if signed else f"{value:,.0f}"
+        if self.unit == SECONDS:
+            return f"{value:+.3g} s" if signed else f"{value:.3g} s"
         text = format_bytes(value, signed)
         return f"{text}/{self.per}" if self.per else text
 
@@ -71,33 +153,65 @@ def _overhead(s: Samples) -> float | None:
     return round(s.steady / minimum, 4) if minimum else None
 
 
+def _per_token(s: Samples) -> float | None:
+    tokens = int(s.steady_row["tokens"])
+    return s.steady / tokens if tokens else None
+
+
 # In the order summaries record them.
 METRICS: dict[str, Metric] = {
     "baseline": Metric(lambda s: s.base),
-    "peak": Metric(lambda s: int(s.frame["peak"].max()) - s.base, gate=_STEP_PEAK,
-                   kind=NOISY_KIND, required=True),
-    "steady": Metric(lambda s: s.steady, gate=_EXACT_BYTES, kind=EXACT_KIND, required=True),
-    "final": Metric(lambda s: int(s.frame["active"].iloc[-1]) - s.base, gate=_EXACT_BYTES,
-                    kind=EXACT_KIND, required=True),
+    "peak": Metric(lambda s: int(s.rows["peak"].max()) - s.base, gate=_STEP_PEAK,
+                   kind=NOISY_KIND, required=True, budget="peak", column=True, pytest=True),
+    "steady": Metric(lambda s: s.steady, gate=_EXACT_BYTES, kind=EXACT_KIND, required=True,
+                     budget="steady", column=True),
+    "final": Metric(lambda s: int(s.rows["active"].iloc[-1]) - s.base, gate=_EXACT_BYTES,
+                    kind=EXACT_KIND, required=True, budget="final", pytest=True),
+    # The steady bytes per token held, bounded by `expect.per_token`; not recorded.
+    "per_token": Metric(_per_token, per="token", budget="per_token", recorded=False),
     "largest_spike": Metric(lambda s: max(int(s.excess.max()), 0), gate=_STEP_PEAK,
                             kind=NOISY_KIND, required=True),
     "spike_ratio": Metric(lambda s: s.spike_ratio, unit=RATIO),
     # Unreported memory at rest, per request or turn.
     "leak_rate": Metric(lambda s: s.leak_rate, per="req", gate=_EXACT_BYTES, kind=EXACT_KIND,
-                        required=True),
+                        required=True, pytest=True),
     # The most active memory beyond what the components report, over the steps the detectors
     # judge (a server's samples in flight are left out: there nothing reports the requests').
     "retained": Metric(lambda s: max(int((s.judged["active"] - s.base
                                           - s.judged["logical"]).max()), 0),
                        gate=_EXACT_BYTES, kind=EXACT_KIND, required=True),
     # RSS counts the interpreter, imported libraries and the MLX buffer cache.
-    "rss_peak": Metric(lambda s: int(s.frame["rss"].max()), gate=Gate(rel=0.10, abs=64 * MiB),
+    "rss_peak": Metric(lambda s: int(s.rows["rss"].max()), gate=Gate(rel=0.10, abs=64 * MiB),
                        required=True),
     "minimum": Metric(lambda s: s.minimum),
-    "overhead_ratio": Metric(_overhead, unit=RATIO, gate=Gate(rel=0.0, abs=0.001), required=True),
+    "overhead_ratio": Metric(_overhead, unit=RATIO, gate=Gate(rel=0.0, abs=0.001), required=True,
+                             nullable=True, budget="overhead"),
     "tokens": Metric(lambda s: int(s.steady_row["tokens"]), unit=COUNT),
-    "steps": Metric(lambda s: len(s.frame), unit=COUNT),
+    "steps": Metric(lambda s: len(s.rows), unit=COUNT),
+    "wall_s": Metric(lambda s: round(s.facts.wall_s, 3), unit=SECONDS, of_run=True),
+    "estimate": Metric(lambda s: s.facts.estimate, of_run=True),
+    "weights": Metric(lambda s: s.facts.weights, of_run=True),  # a real model's
 }
+
+
+def figures(samples: Samples) -> dict[str, Any]:
+    """Every metric the run gives, in the registry's order: with samples all of them, without
+    (a run that failed) the facts of the run alone; a fact it lacks is left out."""
+    values: dict[str, Any] = {}
+    for name, metric in METRICS.items():
+        if metric.of_run:
+            value = metric.compute(samples)
+            if value is not None:
+                values[name] = value
+        elif samples.frame is not None:
+            values[name] = metric.compute(samples)
+    return values
+
+
+def recorded(values: dict[str, Any]) -> dict[str, Any]:
+    """The figures a summary records: those of recorded metrics (unknown names kept)."""
+    return {name: value for name, value in values.items()
+            if name not in METRICS or METRICS[name].recorded}
 
 
 def gated() -> list[str]:
@@ -105,9 +219,11 @@ def gated() -> list[str]:
     return [name for name, metric in METRICS.items() if metric.gate is not None]
 
 
-def of_kind(kind: str) -> tuple[str, ...]:
-    return tuple(name for name, metric in METRICS.items() if metric.kind == kind)
+def noisy() -> list[str]:
+    """The step-peak metrics: their run-to-run spread is measured and widens their tolerance."""
+    return [name for name, metric in METRICS.items() if metric.kind == NOISY_KIND]
 
 
-NOISY = of_kind(NOISY_KIND)
-EXACT = of_kind(EXACT_KIND)
+def exact() -> list[str]:
+    """The active-byte metrics, identical run to run on one backend."""
+    return [name for name, metric in METRICS.items() if metric.kind == EXACT_KIND]

@@ -1,16 +1,16 @@
-"""The typed summary: one variant's summary.json, read and checked in one place.
+"""The typed summary: one variant's summary.json, built by the run and read by every later step.
 
-A summary is the one file every later step reads (`show`, `compare`, `baseline`, `noise`,
-`export`, `history`, `merge`), so it is parsed here into typed fields and every reader uses
-those. A summary that cannot be trusted is bad input naming its file and field, never a crash
-and never a silent "no change".
+The run builds a `Summary` from typed records (findings, expectations, figures, the model it
+served) and writes it once; `show`, `compare`, `baseline`, `noise`, `export`, `history`,
+`merge` and `gate pr` parse a file into the same model. A summary that cannot be trusted is bad
+input naming its file and field, never a crash and never a silent "no change": values are
+strict (a bool is no count, a string no number, NaN no figure).
 
-The file keeps what the run wrote: `raw` is the JSON object as read or made, and `to_json`
-writes it back byte for byte (a baseline records the report's own bytes); `replace` changes
-fields by parsing a new object, so the typed fields and the file never disagree.
+A summary keeps what its writer gave: a key absent from a file stays absent when the summary is
+written again, and a key kvmem does not know is kept, so a baseline records a report as it is.
 
-Versions: `schema` is SCHEMA (1) in every summary written so far. A summary of any other
-schema is bad input naming the number it has; a later layout brings a reader for this one.
+Versions: `schema` is SCHEMA. A file of an older schema is brought up to this one by
+MIGRATIONS, one step each; any other value is bad input naming the number it has.
 
 Nothing here imports MLX, mlx-lm, pandas or matplotlib: the gate reads summaries fast.
 """
@@ -19,26 +19,94 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Annotated, Any
 
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from ..common.errors import BadInput
 from ..common.units import MAX_SIZE
-from .metrics import METRICS, NOISY, gated
+from .expect import GatedName, ToleranceSpec
+from .metrics import METRICS, noisy
+from .records import Expectation, Finding
 
 SCHEMA = 1
+# Each older schema's upgrade to the next, by the schema it upgrades from. Schema 1 is the
+# first layout summaries were written in.
+MIGRATIONS: dict[int, Callable[[dict], dict]] = {}
 
 
-class SummaryError(ValueError):
+class SummaryError(BadInput):
     """A summary that cannot be read or trusted; the message names the file. Exit status 2."""
 
 
-def finite(value: object) -> TypeGuard[float]:
+def _brief(value: Any) -> str:
+    """A JSON value as the file holds it, cut to fit an error line."""
+    if isinstance(value, int) and abs(value) >= 10**40:
+        return "a huge integer"  # json.dumps refuses more than 4,300 digits
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def finite(value: object) -> bool:
     """A JSON number a metric can hold: not a bool, not NaN or infinite, and within the sizes
     that floats hold exactly (a 400-digit integer would overflow every rendering)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
     return abs(value) <= MAX_SIZE if isinstance(value, int) else math.isfinite(value)
+
+
+def _figure(value: Any) -> Any:
+    if value is None or finite(value):
+        return value
+    raise PydanticCustomError("figure", "expected a finite number, got {got}",
+                              {"got": _brief(value)})
+
+
+def _spread(value: Any) -> Any:
+    if finite(value) and value >= 0:
+        return value
+    raise PydanticCustomError("figure", "expected a size of zero or more bytes, got {got}",
+                              {"got": _brief(value)})
+
+
+def _finite(value: Any) -> Any:
+    if value is None:
+        raise PydanticCustomError("figure", "expected a finite number, got null")
+    return _figure(value)
+
+
+Figure = Annotated[Any, AfterValidator(_figure)]  # a finite number or null
+Finite = Annotated[Any, AfterValidator(_finite)]  # a finite number
+
+
+class _Given(BaseModel):
+    """A record whose keys are those its writer gave: one absent stays absent when written."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", populate_by_name=True, defer_build=True)
+
+    @model_serializer(mode="wrap")
+    def _given(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        fields = type(self).model_fields
+        given = {key for name in self.model_fields_set
+                 for key in (name, fields[name].alias if name in fields else None) if key}
+        return {key: value for key, value in data.items() if key in given}
 
 
 @dataclass(frozen=True)
@@ -49,93 +117,156 @@ class Noise:
     runs: int
 
 
-@dataclass(frozen=True)
-class NoiseBlock:
-    """A repeated measurement's record (harness.gate.noise): runs, the spread of each step-peak
-    metric, the exact metrics that differed, and in how many runs the expectations held."""
+class Span(_Given):
+    """One metric over a repeated measurement's runs: lowest, highest, spread, each run's."""
 
-    runs: int
-    spreads: dict[str, Noise]
-    ranges: dict[str, tuple[float, float]]  # each step-peak metric's lowest and highest run
-    nondeterministic: dict[str, dict]
-    passed: int
+    min: Figure = None
+    max: Figure = None
+    spread: Annotated[Any, AfterValidator(_spread)]
+    values: list[Finite] = Field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class FindingRecord:
-    """A finding as a summary records it (harness.detect.Finding holds the run's own)."""
+class NoiseBlock(_Given):
+    """A repeated measurement's record (harness.run.repeat): runs, the span of each step-peak
+    metric under its name, the exact metrics that differed, and in how many runs the
+    expectations held."""
 
-    kind: str
-    message: str
-    count: int | None
-    severity: str  # "warning": shown, but no default expectation fails on it
+    runs: Annotated[StrictInt, Field(ge=1)]
+    nondeterministic: dict[str, Span] = Field(default_factory=dict)
+    passed: StrictInt | None = None
+
+    @model_validator(mode="after")
+    def _spans(self) -> NoiseBlock:
+        extra = self.__pydantic_extra__ or {}
+        for name in [n for n in noisy() if n in extra]:
+            try:
+                extra[name] = Span.model_validate(extra[name])
+            except ValidationError as exc:
+                where, text = _problem(exc.errors()[0])
+                raise PydanticCustomError("nested", "{text}", {"at": f"{name}.{where}",
+                                                               "text": text}) from None
+        return self
+
+    @model_serializer(mode="wrap")
+    def _ordered(self, handler: Any) -> dict[str, Any]:
+        """runs, each span, nondeterministic, passed: the order `kvmem noise` writes."""
+        data = _Given._given(self, handler)
+        spans = [name for name in noisy() if name in data]
+        first = {"runs": data.pop("runs"), **{name: data.pop(name) for name in spans}}
+        return {**first, **data}
+
+    def span(self, name: str) -> Span | None:
+        found = (self.__pydantic_extra__ or {}).get(name)
+        return found if isinstance(found, Span) else None
+
+    @property
+    def spreads(self) -> dict[str, Noise]:
+        return {name: Noise(span.spread, self.runs) for name in noisy()
+                if (span := self.span(name)) is not None}
+
+    @property
+    def ranges(self) -> dict[str, tuple[float, float]]:
+        """Each step-peak metric's lowest and highest run, where the block says."""
+        return {name: (span.min, span.max) for name in noisy()
+                if (span := self.span(name)) is not None
+                and span.min is not None and span.max is not None}
+
+    @property
+    def held(self) -> int:
+        """In how many runs the expectations held (all of them, where the block does not say)."""
+        return self.runs if self.passed is None else self.passed
 
 
-@dataclass(frozen=True)
-class Expectation:
-    name: str
-    expected: Any
-    actual: Any
-    ok: bool
-
-    def describe(self) -> str:
-        return f"{self.name}: expected {self.expected}, got {self.actual}"
-
-
-@dataclass(frozen=True)
-class Environment:
+class Environment(_Given):
     """What produced the figures; summaries from different backends are never compared."""
 
-    backend: str
-    mlx: str
-    mlx_lm: str
-    git_revision: str | None
+    backend: Annotated[StrictStr, Field(min_length=1)]
+    mlx: StrictStr = "?"
+    mlx_lm: StrictStr = "?"
+    python: StrictStr | None = None
+    machine: StrictStr | None = None
+    platform: StrictStr | None = None
+    git_revision: StrictStr | None = None
+    kvmem: dict[str, Any] | None = None
+    packages: dict[str, StrictStr] = Field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class ModelFacts:
-    """The real model a run served (engine: mlx_lm)."""
+class ModelFacts(_Given):
+    """The real model a run served, as its engine reports it: every engine says what it is,
+    the mlx_lm engine its quantization, the server engine its folder and its traffic."""
 
-    name: str | None
-    engine: str | None
-    layers: int | None
-    weights: float | None
+    engine: StrictStr | None = None
+    name: StrictStr | None = None
+    layers: StrictInt | None = None
+    weights: Figure = None
+    quantize_bits: StrictInt | None = None
+    folder: StrictStr | None = None
+    ready_s: Figure = None
+    requests: StrictInt | None = None
+    disconnects: StrictInt | None = None
+    rss_outside_gap: StrictInt | None = None
 
 
-@dataclass(frozen=True)
-class Recorded:
+class Recorded(BaseModel):
     """Who recorded a baseline, when and why (`baseline update --reason`): the gate lists it
     beside each baseline a pull request changes."""
 
-    by: str
-    at: str
-    reason: str
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    by: StrictStr
+    at: StrictStr
+    reason: StrictStr
 
 
-@dataclass(frozen=True)
-class Summary:
-    """One variant's summary, from `path` (where it was read, or where its report goes)."""
+class Series(_Given):
+    """Active bytes above the baseline in 64 bins (the max of each), for sparklines."""
 
-    path: Path
-    raw: dict
-    scenario: str
-    variant: str
-    status: str
-    error: str | None
-    exit_status: int | None
-    recorded_passed: bool | None
-    metrics: dict[str, Any]
-    findings: tuple[FindingRecord, ...]
-    expectations: tuple[Expectation, ...]
-    compare: dict[str, Any]
-    detect: dict[str, Any] | None  # each detector's thresholds as applied; None in older runs
+    active: list[Finite] = Field(default_factory=list)
+
+
+class Summary(_Given):
+    """One variant's summary; `path` is where it was read, or where its report goes."""
+
+    schema_version: StrictInt = Field(SCHEMA, alias="schema")
+    scenario: StrictStr
+    variant: StrictStr
+    scenario_file: StrictStr | None = None
+    description: StrictStr = ""
+    status: StrictStr
+    error: StrictStr | None = None
+    exit_status: StrictInt | None = None
+    last_step: StrictInt | None = None
+    metrics: dict[str, Figure]
+    findings: list[Finding] = Field(default_factory=list)
+    expectations: list[Expectation] = Field(default_factory=list)
+    recorded_passed: StrictBool | None = Field(None, alias="passed")
+    compare: dict[GatedName, ToleranceSpec] = Field(default_factory=dict)
+    detect: dict[str, dict[str, Any]] | None = None  # each detector's thresholds as applied
+    series: Series | None = None
     environment: Environment
-    noise_block: NoiseBlock | None
-    model: ModelFacts | None
-    store_stats: dict[str, Any] | None
-    series: tuple[float, ...]
-    scenario_file: str | None
-    recorded: Recorded | None
+    store_stats: dict[str, Figure] | None = None
+    model: ModelFacts | None = None
+    noise_block: NoiseBlock | None = Field(None, alias="noise")
+    recorded: Recorded | None = None
+
+    _path: Path = PrivateAttr(default_factory=Path)
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    def at(self, path: Path) -> Summary:
+        """This summary, its report going to `path`."""
+        moved = self.model_copy()
+        moved._path = Path(path)
+        return moved
+
+    def replace(self, **changes: Any) -> Summary:
+        """This summary with fields changed (typed values, by their names in the file: `passed`,
+        `noise`), at the same path."""
+        names = {field.alias or name: name for name, field in type(self).model_fields.items()}
+        return self.model_copy(update={names.get(key, key): value
+                                       for key, value in changes.items()})
 
     @property
     def key(self) -> tuple[str, str]:
@@ -182,9 +313,10 @@ class Summary:
     def incomplete(self) -> str | None:
         """Why a run that says ok cannot be compared or recorded, or None.
 
-        A run that says ok must carry every required metric as a finite number
-        (overhead_ratio may be null: no analytic minimum): a child that stopped early once
-        wrote `metrics: {}`, and comparing nothing with nothing read as "no change".
+        A run that says ok must carry every required metric as a finite number (or null where
+        the metric may have none, as overhead_ratio without an analytic minimum): a child that
+        stopped early once wrote `metrics: {}`, and comparing nothing with nothing read as "no
+        change".
         """
         if not self.ok:
             return None
@@ -193,15 +325,11 @@ class Summary:
         if missing:
             return f"status ok but metrics lack {', '.join(missing)}"
         nulls = [name for name in required
-                 if self.metrics[name] is None and name != "overhead_ratio"]
+                 if self.metrics[name] is None and not METRICS[name].nullable]
         return f"metrics.{nulls[0]}: expected a finite number, got null" if nulls else None
 
-    def replace(self, **changes: Any) -> Summary:
-        """This summary with top-level fields changed (new ones go last), parsed again."""
-        return parse(self.path, {**self.raw, **changes})
-
     def to_json(self) -> str:
-        return json.dumps(self.raw, indent=2) + "\n"
+        return json.dumps(self.model_dump(mode="json", by_alias=True), indent=2) + "\n"
 
 
 def exit_status(summaries: list[Summary]) -> int:
@@ -211,18 +339,61 @@ def exit_status(summaries: list[Summary]) -> int:
     return 0 if all(s.recorded_passed for s in summaries) else 1
 
 
-def parse(path: Path, data: object) -> Summary:
-    """A summary object as typed fields; bad input naming the file and the field.
+# What a field holds where its type alone says too little, for an error naming it.
+_EXPECTED = {
+    "scenario": "the scenario's name",
+    "variant": "the variant's name",
+    "status": "the run's status (ok, failed or refused)",
+    "metrics": "an object of metrics",
+    "environment": "an object of the run's backend and versions",
+    "environment.backend": "the backend's name (cpu, metal or cuda)",
+    "noise.runs": "a count of runs",
+    "compare": "an object of metric tolerances",
+    "detect": "an object of detector thresholds",
+    "findings.*.kind": "text",
+    "findings.*.message": "text",
+    "expectations.*.name": "text",
+    "expectations.*.ok": "true or false",
+}
+_TYPES = {"string_type": "text", "bool_type": "true or false", "int_type": "a whole number",
+          "float_type": "a number", "float_parsing": "a number", "finite_number": "a finite number",
+          "list_type": "a list", "dict_type": "an object", "model_type": "an object",
+          "dataclass_type": "an object", "model_attributes_type": "an object",
+          "dataclass_args_type": "an object", "string_too_short": "some text",
+          "greater_than_equal": "a number of at least {ge}", "greater_than": "a number over {gt}",
+          "literal_error": "one of {expected}"}
 
-    Checks types only: a run's own summary is parsed this way whatever its state; `checked`
-    adds what the gate needs of a completed run.
-    """
+
+def _problem(error: Any) -> tuple[str, str]:
+    """Where a pydantic error is (a dotted field path) and what is wrong there."""
+    loc = [str(part) for part in error["loc"] if part != "[key]"]
+    context = error.get("ctx") or {}
+    if error["type"] == "nested":  # a check that names a field below its own
+        return ".".join([*loc, context["at"]]), context["text"]
+    where = ".".join(loc) or "(top level)"
+    if error["type"] == "figure":
+        return where, error["msg"]
+    if error["type"] == "value_error":  # a check of its own, which says what it expected
+        return where, error["msg"].removeprefix("Value error, ")
+    generic = ".".join("*" if part.isdecimal() else part for part in loc)
+    expected = _EXPECTED.get(generic) or _TYPES.get(error["type"])
+    if expected is None:
+        return where, "missing" if error["type"] == "missing" else error["msg"]
+    got = "nothing" if error["type"] == "missing" else _brief(error["input"])
+    return where, f"expected {expected.format(**context)}, got {got}"
+
+
+def parse(path: Path, data: object) -> Summary:
+    """A summary object of this schema as typed fields; bad input naming the file and the
+    field. Checks types only: `checked` adds what the gate needs of a completed run."""
     if not isinstance(data, dict):
         raise SummaryError(f"{path}: not a valid summary (expected a JSON object)")
     try:
-        return _typed(Path(path), data)
-    except _Invalid as exc:
-        raise SummaryError(f"{path}: not a valid summary ({exc})") from None
+        summary = Summary.model_validate(data)
+    except ValidationError as exc:
+        where, text = _problem(exc.errors()[0])
+        raise SummaryError(f"{path}: not a valid summary ({where}: {text})") from None
+    return summary.at(path)
 
 
 def checked(summary: Summary) -> Summary:
@@ -233,148 +404,16 @@ def checked(summary: Summary) -> Summary:
     return summary
 
 
-class _Invalid(ValueError):
-    """Why a summary object is malformed: a field path and what was expected."""
-
-
-def _typed(path: Path, data: dict) -> Summary:
-    for name in ("scenario", "variant", "status"):
-        if not isinstance(data.get(name), str):
-            raise _Invalid(f"missing or non-string '{name}'")
-    error = _optional(data, "error", str, "text")
-    recorded = _optional(data, "passed", bool, "true or false")
-    findings = tuple(FindingRecord(item["kind"], item["message"], _count(item.get("count")),
-                                   "warning" if item.get("severity") == "warning" else "error")
-                     for item in _items(data, "findings", {"kind": str, "message": str}))
-    expectations = tuple(
-        Expectation(item["name"], item.get("expected"), item.get("actual"), item["ok"])
-        for item in _items(data, "expectations", {"ok": bool, "name": str}))
-    metrics = data.get("metrics")
-    if not isinstance(metrics, dict):
-        raise _Invalid("no 'metrics' object")
-    for name in gated():
-        value = metrics.get(name)
-        if not (value is None or finite(value)):
-            raise _Invalid(f"metrics.{name}: expected a finite number, got {_brief(value)}")
-    compare = data.get("compare") or {}
-    if not isinstance(compare, dict):
-        raise _Invalid(f"compare: expected an object of metric tolerances, got {_brief(compare)}")
-    detect = data.get("detect")
-    if not isinstance(detect, (dict, type(None))) or not all(
-            isinstance(v, dict) for v in (detect or {}).values()):
-        raise _Invalid(f"detect: expected an object of detector thresholds, got {_brief(detect)}")
-    environment = _environment(data.get("environment"))
-    series = (data.get("series") or {}).get("active") if isinstance(data.get("series"), dict) else None
-    stats = data.get("store_stats")
-    return Summary(
-        path=path, raw=data, scenario=data["scenario"], variant=data["variant"],
-        status=data["status"], error=error, exit_status=_count(data.get("exit_status")),
-        recorded_passed=recorded, metrics=metrics, findings=findings, expectations=expectations,
-        compare=compare, detect=detect, environment=environment, noise_block=_noise(data.get("noise")),
-        model=_model(data.get("model")), store_stats=stats if isinstance(stats, dict) else None,
-        series=tuple(v for v in series if finite(v)) if isinstance(series, list) else (),
-        scenario_file=data.get("scenario_file") if isinstance(data.get("scenario_file"), str) else None,
-        recorded=_recorded(data.get("recorded")))
-
-
-def _recorded(block: object) -> Recorded | None:
-    """The `recorded` block a baseline carries, or None; malformed is bad input."""
-    if block is None:
-        return None
-    if not isinstance(block, dict) or not all(isinstance(block.get(k), str)
-                                              for k in ("by", "at", "reason")):
-        raise _Invalid(f"recorded: expected {{by, at, reason}} as text, got {_brief(block)}")
-    return Recorded(block["by"], block["at"], block["reason"])
-
-
-def _optional(data: dict, name: str, kind: type, what: str) -> Any:
-    value = data.get(name)
-    if not isinstance(value, (kind, type(None))):
-        raise _Invalid(f"{name}: expected {what}, got {_brief(value)}")
-    return value
-
-
-def _count(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _environment(block: object) -> Environment:
-    """The `environment` block: required, as the backend decides what a summary is compared
-    with (a head whose summaries lost it once compared nothing and passed the gate)."""
-    if block is None:
-        raise _Invalid("no 'environment' object (expected the run's backend and versions)")
-    if not isinstance(block, dict):
-        raise _Invalid("'environment' is not an object")
-    backend = block.get("backend")
-    if not isinstance(backend, str) or not backend:
-        raise _Invalid(f"environment.backend: expected the backend's name (cpu, metal or "
-                       f"cuda), got {_brief(backend)}")
-    for name in ("mlx", "mlx_lm"):
-        if not isinstance(block.get(name, "?"), str):
-            raise _Invalid(f"'environment.{name}' is not a string")
-    revision = block.get("git_revision")
-    return Environment(backend, block.get("mlx", "?"), block.get("mlx_lm", "?"),
-                       revision if isinstance(revision, str) else None)
-
-
-def _items(data: dict, name: str, fields: dict[str, type]) -> list[dict]:
-    """`data[name]`, a list of objects each holding `fields` of their types."""
-    items = data.get(name, [])
-    if not isinstance(items, list):
-        raise _Invalid(f"{name}: expected a list, got {_brief(items)}")
-    words = {str: "text", bool: "true or false"}
-    for i, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise _Invalid(f"{name}.{i}: expected an object, got {_brief(item)}")
-        for key, kind in fields.items():
-            if not isinstance(item.get(key), kind):
-                raise _Invalid(f"{name}.{i}.{key}: expected {words[kind]}, "
-                               f"got {_brief(item.get(key))}")
-    return items
-
-
-def _model(block: object) -> ModelFacts | None:
-    if not isinstance(block, dict):
-        return None
-    text = lambda key: block[key] if isinstance(block.get(key), str) else None
-    weights = block.get("weights")
-    return ModelFacts(text("name"), text("engine"), _count(block.get("layers")),
-                      weights if finite(weights) else None)
-
-
-def _noise(block: object) -> NoiseBlock | None:
-    """A `noise` block (see harness.gate.noise), or None when absent; malformed is bad input."""
-    if block is None:
-        return None
-    if not isinstance(block, dict):
-        raise _Invalid("'noise' is not an object")
-    runs = _count(block.get("runs"))
-    if runs is None or runs < 1:
-        raise _Invalid(f"noise.runs: expected a count of runs, got {_brief(block.get('runs'))}")
-    spreads, ranges = {}, {}
-    for name in NOISY:
-        entry = block.get(name)
-        if entry is None:
-            continue
-        spread = entry.get("spread") if isinstance(entry, dict) else None
-        if not finite(spread) or spread < 0:
-            raise _Invalid(f"noise.{name}.spread: expected a size of zero or more bytes")
-        spreads[name] = Noise(spread, runs)
-        low, high = entry.get("min"), entry.get("max")
-        if finite(low) and finite(high):
-            ranges[name] = (low, high)
-    differed = block.get("nondeterministic")
-    passed = _count(block.get("passed"))
-    return NoiseBlock(runs, spreads, ranges, differed if isinstance(differed, dict) else {},
-                      runs if passed is None else passed)
-
-
-def _brief(value: Any) -> str:
-    """A JSON value as the file holds it, cut to fit an error line."""
-    if isinstance(value, int) and abs(value) >= 10**40:
-        return "a huge integer"  # json.dumps refuses more than 4,300 digits
-    text = json.dumps(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+def _current(path: Path, data: dict) -> dict:
+    """`data` upgraded to SCHEMA through MIGRATIONS; bad input for a schema none leads from."""
+    version = data.get("schema")
+    while version in MIGRATIONS:
+        data = MIGRATIONS[version](data)
+        version = data.get("schema")
+    if version != SCHEMA or isinstance(version, bool):
+        raise SummaryError(f"{path}: unsupported summary schema {_brief(version)}, "
+                           f"expected {SCHEMA}")
+    return data
 
 
 def read_summary(path: Path) -> Summary:
@@ -400,10 +439,7 @@ def summary_from_bytes(path: Path, content: bytes) -> Summary:
         raise SummaryError(f"{path}: not a valid summary (corrupt JSON: {reason})") from None
     if not isinstance(data, dict):
         raise SummaryError(f"{path}: not a valid summary (expected a JSON object)")
-    if data.get("schema") != SCHEMA:
-        raise SummaryError(f"{path}: unsupported summary schema {_brief(data.get('schema'))}, "
-                           f"expected {SCHEMA}")
-    return checked(parse(path, data))
+    return checked(parse(path, _current(path, data)))
 
 
 def load_summaries(path: str | Path) -> list[Summary]:

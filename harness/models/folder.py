@@ -2,7 +2,7 @@
 
 Serve mode runs a real server process, which loads a model by folder name: `config.json`,
 `model.safetensors`, `tokenizer.json` and `tokenizer_config.json`. A preset of
-`harness.models.loading` is only a config; `folder` writes the rest, so no checkpoint is ever
+`harness.models.presets` is only a config; `folder` writes the rest, so no checkpoint is ever
 downloaded and the model is the same random-weight model the `mlx_lm` engine builds
 (`models.build` after `mx.random.seed(0)`, in the choice's dtype, quantized when `bits` is set).
 
@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from . import loading as models
+from . import presets
 from .loading import ModelChoice, ModelError
 
 # Bump when what `folder` writes changes, so cached folders of the old format are not reused.
@@ -97,7 +98,7 @@ def _recipe() -> dict[str, Any]:
 
 def _config(choice: ModelChoice) -> dict[str, Any]:
     assert choice.preset is not None
-    config = models.preset_config(choice.preset, choice.layers, choice.vocab)
+    config = presets.config(choice.preset, choice.layers, choice.vocab)
     if choice.bits is not None:
         config["quantization"] = {"group_size": choice.group_size, "bits": choice.bits}
     return config
@@ -127,9 +128,9 @@ def folder(choice: ModelChoice, root: Path | None = None) -> Path:
     choice with `path`, else `<root>/models/<preset>-<hash>` (root: `cache_root()`)."""
     if choice.path is not None:
         return Path(choice.path)
-    if choice.preset not in models.PRESETS:
+    if choice.preset not in presets.buildable():
         raise ModelError(f"no model preset {choice.preset!r} (expected one of "
-                         + ", ".join(models.PRESETS) + ")")
+                         + ", ".join(presets.buildable()) + ")")
     config = _config(choice)
     if config["vocab_size"] < TOKENIZER_VOCAB:
         raise ModelError(f"model {choice.name}: vocab {config['vocab_size']} is smaller than "

@@ -7,7 +7,6 @@ hand-written, so their text is always escaped: shown as text, never read as rich
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
@@ -15,12 +14,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..common.units import format_bytes, mib
+from ..judge.metrics import BYTES, METRICS
 from ..judge.summary import Summary
-from ..models import geometry
+from ..models import presets
+from ..models.geometry import KINDS, Geometry
 from ..scenario import ScenarioError, discover, load_variants
-
-if TYPE_CHECKING:  # the runner draws with this module and never imports the gate
-    from ..gate.baseline import Update
 
 
 def progress_bars(console: Console) -> Progress:
@@ -35,13 +33,25 @@ def warn(console: Console, lines: list[str]) -> None:
         console.print(f"[bold red]warning:[/bold red] {escape(line)}", highlight=False)
 
 
+def _shown(name: str, value: float | None) -> str:
+    """A metric in its results column: bytes in MiB (the header says so), others as they read."""
+    metric = METRICS[name]
+    if metric.unit == BYTES:
+        return mib(value, 1)
+    return "-" if value is None else metric.format(value)
+
+
 def results(summaries: list[Summary]) -> Table:
-    """The terminal summary: one row per variant, with its findings and failed expectations."""
+    """The terminal summary: one row per variant, its metrics that have a column
+    (harness.judge.metrics), its findings and failed expectations."""
     grid = Table(title="kvmem results", show_lines=False)
-    for column in ("scenario", "variant", "status", "peak MiB", "steady MiB", "findings",
-                   "result"):
-        grid.add_column(column, justify="right" if "MiB" in column else "left",
-                        no_wrap=column in ("scenario", "variant"))
+    shown = [name for name, metric in METRICS.items() if metric.column]
+    for column in ("scenario", "variant", "status"):
+        grid.add_column(column, no_wrap=column != "status")
+    for name in shown:
+        grid.add_column(f"{name} MiB" if METRICS[name].unit == BYTES else name, justify="right")
+    for column in ("findings", "result"):
+        grid.add_column(column)
     for s in summaries:
         found = ", ".join(f"{f.kind}×{'?' if f.count is None else f.count}"
                           + (" (warning)" if f.severity == "warning" else "") for f in s.findings)
@@ -52,26 +62,9 @@ def results(summaries: list[Summary]) -> Table:
         else:
             verdict = f"[green]{len(s.expectations)} ok[/green]"
         grid.add_row(escape(s.scenario), escape(s.variant), escape(s.status),
-                     mib(s.metrics.get("peak"), 1), mib(s.metrics.get("steady"), 1),
-                     escape(found) or "-", verdict)
+                     *(_shown(name, s.metric(name)) for name in shown), escape(found) or "-",
+                     verdict)
     return grid
-
-
-def baseline_update(console: Console, errors: Console, result: Update, several: bool) -> None:
-    """What `baseline update` did: `added s/v`, `updated s/v (peak +12 MiB, ...)`, `kept N
-    unchanged`, and on `errors` each run refused (with `several` backends, each label says
-    which)."""
-    def label(summary: Summary) -> str:
-        return escape(summary.label + (f" on {summary.backend}" if several else ""))
-
-    for change in result.written:
-        reasons = f" ({escape(', '.join(change.reasons))})" if change.reasons else ""
-        console.print(f"{change.action} {label(change.summary)}{reasons}", highlight=False)
-    if result.kept:
-        console.print(f"kept {len(result.kept)} unchanged", highlight=False)
-    for summary, why in result.refused:
-        errors.print(f"error: {label(summary)}: {escape(why)}: no baseline written",
-                     highlight=False)
 
 
 def failures(console: Console, summaries: list[Summary]) -> None:
@@ -119,8 +112,8 @@ def noise(summaries: list[Summary]) -> Table:
         low, high = block.ranges.get("peak", (None, None))
         differ = ", ".join(block.nondeterministic)
         exact = f"[bold red]DIFFER: {escape(differ)}[/bold red]" if differ else "[green]identical[/green]"
-        result = ("[green]ok[/green]" if block.passed == block.runs else
-                  f"[red]expectations held in {block.passed} of {block.runs}[/red]")
+        result = ("[green]ok[/green]" if block.held == block.runs else
+                  f"[red]expectations held in {block.held} of {block.runs}[/red]")
         grid.add_row(escape(s.scenario), escape(s.variant), str(block.runs),
                      mib(s.metrics.get("peak")), f"{mib(low)}–{mib(high)}",
                      format_bytes(peak.spread) if peak else "-",
@@ -144,8 +137,8 @@ def scenarios(folder: Path) -> Table:
     return grid
 
 
-def _layers(g: geometry.Geometry) -> str:
-    kinds = {k: sum(layer.kind == k for layer in g.layers) for k in geometry.KINDS}
+def _layers(g: Geometry) -> str:
+    kinds = {k: sum(layer.kind == k for layer in g.layers) for k in KINDS}
     return " + ".join(f"{n} {k}" for k, n in kinds.items() if n)
 
 
@@ -153,21 +146,21 @@ def geometry_presets() -> Table:
     grid = Table(title="model presets")
     for column in ("name", "layers", "KV per token", "vocab"):
         grid.add_column(column)
-    for name in geometry.PRESETS:
-        g = geometry.preset(name)
+    for name in presets.geometric():
+        g = presets.geometry(name)
         grid.add_row(name, _layers(g), f"{g.token_bytes() / 1024:g} KiB", f"{g.vocab:,}")
     return grid
 
 
 def model_presets() -> Table:
-    """The mlx_lm engine's presets: layers, KV per token and vocabulary as the built model
+    """The presets a real model is built from: layers, KV per token and vocabulary as the built model
     has them (read without evaluating it), and the weights' bytes in bfloat16."""
     from ..models import loading as models
 
     grid = Table(title="real-model presets (engine: mlx_lm, random weights)")
     for column in ("name", "layers", "KV per token", "vocab", "weights"):
         grid.add_column(column)
-    for name in models.PRESETS:
+    for name in presets.buildable():
         choice = models.ModelChoice(preset=name, path=None, layers=None, vocab=None,
                                     dtype="bfloat16", bits=None, group_size=64)
         g, weights = models.describe(choice)

@@ -1,31 +1,66 @@
-"""Engines by name: what a scenario's `engine:` may say, and the class that serves it.
+"""What every engine is: the protocol the synthetic, mlx_lm and server engines implement, the
+failure an engine reports in its own words, and the engine a scenario names.
 
-Each entry is `module:Class`, imported only when a variant names it, so mlx-lm's model code is
-imported for `engine: mlx_lm` alone and the schema can take its choices from `ENGINES` without
-importing any engine. A new engine is one module and one entry here.
+The names and their import paths are `harness.scenario.engines.ENGINES` (the schema checks a
+scenario against them); an engine's module is imported only when a variant names it, so
+mlx-lm's model code is imported for `engine: mlx_lm` alone. A new engine is one module
+implementing `Engine` and one entry in that table.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
+
+from ..scenario.engines import ENGINES
 
 if TYPE_CHECKING:
+    from ..judge.summary import ModelFacts
     from ..scenario import ScenarioSpec
-    from .engine import Engine
     from .probe import Probe
 
-ENGINES: dict[str, str] = {
-    "synthetic": "harness.run.engine:Engine",  # seeded K/V fed to the caches
-    "mlx_lm": "harness.run.model_engine:ModelEngine",  # a real mlx-lm model, random weights
-    "server": "harness.run.server_engine:ServerEngine",  # a real server under HTTP traffic
-}
+# What a variant's process holds beside what it serves: the interpreter, MLX, the sample rows.
+RUNTIME_SLACK = 256 * 2**20
+
+
+class RunFailure(RuntimeError):
+    """A failure whose message says all there is to say (a server that died, with its output):
+    reported without the traceback other errors in a variant's process get."""
+
+
+class Engine(Protocol):
+    """Serves one variant in the process that creates it, one probe row per step.
+
+    `estimate_bytes` bounds the variant's footprint before it is created (the size check, in
+    the variant's process: it may import components); `serve` runs the whole workload; `facts`
+    says what model it served and `store_stats` what its store says of itself, both for the
+    summary; `close` releases what it holds, also after a failure.
+    """
+
+    def __init__(self, spec: ScenarioSpec, probe: Probe,
+                 progress: Callable[[int], None] | None = None) -> None: ...
+
+    @classmethod
+    def estimate_bytes(cls, spec: ScenarioSpec) -> int: ...
+
+    def serve(self) -> None: ...
+
+    def facts(self) -> ModelFacts | None: ...
+
+    def store_stats(self) -> dict[str, int | float] | None: ...
+
+    def close(self) -> None: ...
+
+
+def engine_class(name: str) -> type[Engine]:
+    """The class serving `engine: name`, imported now."""
+    module, _, attribute = ENGINES[name].path.partition(":")
+    found: type[Engine] = getattr(importlib.import_module(module), attribute)
+    return found
 
 
 def create(spec: ScenarioSpec, probe: Probe,
            progress: Callable[[int], None] | None = None) -> Engine:
     """The engine the scenario names (`engine:`), ready to serve in this process."""
-    module, _, name = ENGINES[spec.engine].partition(":")
-    engine: type[Engine] = getattr(importlib.import_module(module), name)
-    return engine(spec, probe, progress)
+    return engine_class(spec.engine)(spec, probe, progress)

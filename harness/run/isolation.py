@@ -30,21 +30,11 @@ import numpy as np
 import psutil
 
 from ..common.child import CONTEXT, Child, how
-from ..components.registry import resolve
-from ..scenario import ComponentSpec, ScenarioSpec, Variant
-from ..scenario.server import Idle
+from ..judge.summary import ModelFacts
+from ..scenario import ScenarioSpec, Variant
 from .defaults import DEFAULT_TIMEOUT
-from .engines import create
+from .engines import RunFailure, create, engine_class
 from .probe import ROW, Probe
-from .synthetic import SyntheticKV
-from .traffic import longest_context
-
-RUNTIME_SLACK = 256 * 2**20  # interpreter, MLX and the sample rows
-
-
-class RunFailure(RuntimeError):
-    """A failure whose message says all there is to say (a server that died, with its output):
-    reported without the traceback other errors in a variant's process get."""
 
 
 @dataclass
@@ -58,60 +48,13 @@ class RunOutcome:
     wall_s: float
     estimate: int
     store_stats: dict | None = None  # the store's `stats` at the end of the run, if it has any
-    model: dict | None = None  # the real model served (Engine.facts), None on synthetic K/V
-
-
-def _context_tokens(spec: ScenarioSpec) -> int:
-    workload = spec.workload
-    if workload.chat is not None:
-        return workload.chat.turns * (workload.chat.user + workload.chat.model)
-    return max(r.prompt + r.decode for r in workload.requests or [])
+    model: ModelFacts | None = None  # the real model served (Engine.facts), None on synthetic K/V
 
 
 def estimate_bytes(spec: ScenarioSpec) -> int:
-    """An upper bound on a variant's footprint, from the geometry, the workload and the components.
-
-    Each layer's cache at the longest context, twice (a growth step briefly holds old and new
-    buffers), or what its factory's `estimate_bytes(layer, tokens, **options)` says when that is
-    more (a cache that allocates its whole window up front); a prefill chunk's K/V twice; and
-    whatever a store or session's `estimate_bytes(geometry, workload, **options)` adds on top;
-    on the mlx_lm engine the model's weights too, and a prefill chunk's K/V twice more for its
-    activations (an allowance, not a bound). Resolves components, so it runs where user code
-    may run: in the child.
-    """
-    geometry, workload = spec.geometry(), spec.workload
-    if workload.http is not None:
-        return _server_estimate(spec)
-    context = _context_tokens(spec)
-    layer_caches = {"full": spec.cache.layer, "sliding": spec.cache.sliding}
-    caches = sum(max(2 * layer.minimum_bytes(context + 256),
-                     _stated(layer_caches.get(layer.kind), layer, context))
-                 for layer in geometry.layers)
-    chunk = sum(SyntheticKV.input_bytes(layer, workload.prefill_chunk) for layer in geometry.layers)
-    extra = sum(_stated(part, geometry, workload) for part in (spec.cache.store, spec.cache.session))
-    weights = spec.weights_bytes()
-    activations = 2 * chunk if weights else 0
-    return caches + 2 * chunk + activations + extra + weights + RUNTIME_SLACK
-
-
-def _server_estimate(spec: ScenarioSpec) -> int:
-    """A server's footprint: its weights, then its longest context's KV for every prompt-cache
-    entry mlx-lm keeps by default (10) and every client in flight, twice (a fetch copies an
-    entry), and a runtime for the server as for the variant's own process."""
-    http = spec.workload.http
-    assert http is not None
-    clients = max(phase.clients or http.clients for phase in http.phases
-                  if not isinstance(phase, Idle))
-    kv = spec.geometry().minimum_bytes(longest_context(http))
-    return spec.weights_bytes() + 2 * (10 + clients) * kv + 2 * RUNTIME_SLACK
-
-
-def _stated(component: ComponentSpec | None, *args: Any) -> int:
-    """What a component's factory says it holds (its `estimate_bytes`), or 0 if it says nothing."""
-    if component is None:
-        return 0
-    estimate = getattr(resolve(component.component), "estimate_bytes", None)
-    return 0 if estimate is None else int(estimate(*args, **component.options))
+    """The footprint the variant's engine bounds it at (Engine.estimate_bytes): run where user
+    code may run, in the variant's process."""
+    return engine_class(spec.engine).estimate_bytes(spec)
 
 
 def available_memory() -> int:

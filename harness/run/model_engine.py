@@ -1,9 +1,9 @@
-"""The mlx_lm engine: the same loop as `Engine`, with a real mlx-lm model as the forward pass.
+"""The mlx_lm engine: the engine loop (`Loop`) with a real mlx-lm model as the forward pass.
 
-The model comes from `harness.models.loading` (a config preset with random weights, or a local folder),
-seeded from `sampling.seed`, and its weights are evaluated before the baseline sample: detectors
-see what the caches add above the weights, and `weights_bytes` is reported beside the KV
-minimum. The geometry (layer kinds, KV heads, head dim, window, recurrent state) is read from
+The model comes from `harness.models.loading` (a preset's config with random weights, or a
+local folder), seeded from `sampling.seed`, and its weights are evaluated before the baseline
+sample: detectors see what the caches add above the weights, and `weights_bytes` is reported
+beside the KV minimum. The geometry (layer kinds, KV heads, head dim, window, recurrent state) is read from
 the built model.
 
 Caches: the model's own `make_cache()` unless the scenario names `cache.layer` or
@@ -57,14 +57,15 @@ from mlx_lm.models.cache import trim_prompt_cache
 
 from ..components.protocols import LayerCache
 from ..components.registry import construct
+from ..judge.summary import ModelFacts
 from ..models import loading as models
 from ..models.geometry import KIND_RECURRENT, KIND_SLIDING, Geometry
 from ..scenario import ScenarioSpec
-from .engine import Engine
+from .loop import Loop
 from .probe import Probe
 
 
-class ModelEngine(Engine):
+class ModelEngine(Loop):
     """Serves one variant with a real mlx-lm model, through `generate_step`."""
 
     def __init__(self, spec: ScenarioSpec, probe: Probe,
@@ -212,11 +213,11 @@ class ModelEngine(Engine):
         extracted, self._extracted = self._extracted, None
         return caches if extracted is None else list(extracted)
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> ModelFacts:
         """The model as the summary reports it: name, engine, weights beside the KV minimum."""
         choice = self.spec.model.choice()
-        return {"engine": "mlx_lm", "name": choice.name, "layers": len(self.geometry.layers),
-                "weights": self.weights_bytes, "quantize_bits": choice.bits}
+        return ModelFacts(engine="mlx_lm", name=choice.name, layers=len(self.geometry.layers),
+                          weights=self.weights_bytes, quantize_bits=choice.bits)
 
 
 def _caches_bytes(sequences: Iterable[list[Any] | None]) -> int:

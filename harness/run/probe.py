@@ -19,18 +19,21 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
-# The readers the in-server agent uses too, so both measure alike.
-from ..agent.kvmem_agent import current_rss, cycle_garbage, release_freed_heap
+# The readers and the sample the in-server agent uses too, so both measure alike.
+from ..agent.kvmem_agent import Sample, current_rss, cycle_garbage, release_freed_heap
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["PHASES", "ROW", "NullProbe", "Probe", "current_rss", "cycle_garbage",
+__all__ = ["PHASES", "ROW", "NullProbe", "Probe", "Sample", "current_rss", "cycle_garbage",
            "release_freed_heap", "to_frame"]
 
 # "request" and "serve" are a server's: a request boundary, and a sample taken on the period.
 PHASES = ("idle", "prefill", "decode", "fetch", "store", "evict", "request", "serve")
 
+# A sample's columns (less `entries`), the step's index and its own columns: `host` (bytes the
+# components hold outside MLX), `minimum` (the analytic bytes of the tokens held) and `work`
+# (the step's own input), in the order of samples.csv.
 ROW = np.dtype([
     ("step", np.int32), ("phase", np.uint8), ("request", np.int32), ("turn", np.int32),
     ("tokens", np.int64), ("active", np.int64), ("peak", np.int64), ("cache", np.int64),
@@ -65,25 +68,27 @@ class Probe:
         self._before = mx.get_active_memory()
         mx.reset_peak_memory()
 
-    def end(self, phase: str, request: int, turn: int, tokens: int,
-            logical: int, host: int, minimum: int, work: int, cyclic: int = 0) -> None:
+    def end(self, *, phase: str, request: int, turn: int, tokens: int, logical: int, host: int,
+            minimum: int, work: int, cyclic: int = 0) -> None:
         for stream in self._streams:
             mx.synchronize(stream)
         mx.synchronize()
         active = mx.get_active_memory()
         peak = max(mx.get_peak_memory(), self._before, active)
-        self.add(phase, request, turn, tokens, active, peak, mx.get_cache_memory(),
-                 current_rss(), logical, host, minimum, work, cyclic,
-                 time.perf_counter() - self._start)
+        self.add(Sample(time=time.perf_counter() - self._start, phase=phase, request=request,
+                        turn=turn, tokens=tokens, active=active, peak=peak,
+                        cache=mx.get_cache_memory(), rss=current_rss(), logical=logical,
+                        entries=0, cyclic=cyclic), host=host, minimum=minimum, work=work)
 
-    def add(self, phase: str, request: int, turn: int, tokens: int, active: int, peak: int,
-            cache: int, rss: int, logical: int, host: int, minimum: int, work: int,
-            cyclic: int, seconds: float) -> None:
-        """Append one row measured elsewhere (a server's agent); `end` measures its own."""
+    def add(self, sample: Sample, *, host: int = 0, minimum: int = 0, work: int = 0) -> None:
+        """Append one sample with the step's own columns (a server's agent takes its samples
+        elsewhere; `end` takes its own)."""
         if self._n == len(self._rows):
             self._rows = np.resize(self._rows, 2 * len(self._rows))
-        self._rows[self._n] = (self._n, PHASES.index(phase), request, turn, tokens, active, peak,
-                               cache, rss, logical, host, minimum, work, cyclic, seconds)
+        self._rows[self._n] = (self._n, PHASES.index(sample.phase), sample.request, sample.turn,
+                               sample.tokens, sample.active, sample.peak, sample.cache,
+                               sample.rss, sample.logical, host, minimum, work, sample.cyclic,
+                               sample.time)
         self._n += 1
 
     @property

@@ -14,15 +14,13 @@ A variant's report is its median run (by peak), with a top-level `noise` block:
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 from pathlib import Path
 
 from rich.console import Console
 
-from ..judge import detectors as detect
-from ..judge.metrics import EXACT, NOISY
-from ..judge.summary import Summary
+from ..judge.metrics import exact, noisy
+from ..judge.summary import NoiseBlock, Summary
 from ..report import folder as report
 from ..scenario import Variant
 from .suite import run_variants, samples, write
@@ -47,9 +45,8 @@ def run_repeated(variants: list[Variant], runs: int, out: Path,
         for variant_runs in zip(*rounds, strict=True):
             summary = combine(list(variant_runs))
             frame = samples(summary.path.parent)
-            findings = [detect.Finding(**f) for f in summary.raw["findings"]]
             where = out / summary.scenario / summary.variant / "summary.json"
-            summary, _ = write(dataclasses.replace(summary, path=where), frame, findings)
+            summary, _ = write(summary.at(where), frame)
             summaries.append(summary)
     return summaries
 
@@ -59,16 +56,16 @@ def _span(values: list[float]) -> dict:
             "values": values}
 
 
-def block(runs: list[Summary]) -> dict:
+def block(runs: list[Summary]) -> NoiseBlock:
     """The `noise` block of one variant's completed runs (in the order they ran)."""
     metrics = [run.metrics for run in runs]
-    return {
+    return NoiseBlock.model_validate({
         "runs": len(runs),
-        **{name: _span([m[name] for m in metrics]) for name in NOISY},
-        "nondeterministic": {name: _span([m[name] for m in metrics]) for name in EXACT
+        **{name: _span([m[name] for m in metrics]) for name in noisy()},
+        "nondeterministic": {name: _span([m[name] for m in metrics]) for name in exact()
                              if len({m[name] for m in metrics}) > 1},
         "passed": sum(run.passed for run in runs),
-    }
+    })
 
 
 def combine(runs: list[Summary]) -> Summary:
@@ -84,7 +81,7 @@ def combine(runs: list[Summary]) -> Summary:
         if problem:
             status = run.status if not run.ok else "failed"
             return run.replace(status=status, passed=False,
-                                      error=f"run {index + 1} of {len(runs)}: {problem}")
+                               error=f"run {index + 1} of {len(runs)}: {problem}")
     order = sorted(range(len(runs)), key=lambda i: (runs[i].metrics["peak"], i))
     chosen = order[(len(runs) - 1) // 2]
     return runs[chosen].replace(noise=block(runs))
@@ -100,8 +97,8 @@ def warnings(summaries: list[Summary]) -> list[str]:
             continue
         for name, span in noise.nondeterministic.items():
             lines.append(f"{s.label}: {name} differed across {noise.runs} runs "
-                         f"({span['min']:,} to {span['max']:,} B): active bytes must be "
+                         f"({span.min:,} to {span.max:,} B): active bytes must be "
                          "identical run to run; this is a real nondeterminism, not noise")
-        if noise.passed != noise.runs:
-            lines.append(f"{s.label}: expectations held in {noise.passed} of {noise.runs} runs")
+        if noise.held != noise.runs:
+            lines.append(f"{s.label}: expectations held in {noise.held} of {noise.runs} runs")
     return lines

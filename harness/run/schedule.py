@@ -12,12 +12,13 @@ others serve, then waits ("queued") for a free job, so a finishing variant's suc
 at once.
 
 Sharding splits a suite without running anything: every variant's planned steps
-(`harness.run.engine.planned_steps`) go greedily, longest first, to the lightest of n bins, ties
+(`planned_steps`) go greedily, longest first, to the lightest of n bins, ties
 broken by scenario and variant name, so the same inputs always give the same split.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,9 +26,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..scenario import Variant
+from ..scenario import ScenarioSpec, Variant
 from . import isolation
-from .engine import planned_steps
 
 T = TypeVar("T")
 RECHECK_S = 1.0  # a waiting variant looks at available memory again this often
@@ -127,6 +127,22 @@ def in_parallel(count: int, jobs: int, run: Callable[[int, threading.Event], T],
             stop.set()
             on_stop()
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def planned_steps(spec: ScenarioSpec) -> int:
+    """Steps the workload takes with no prefix hit and no eviction: the progress bar's estimate
+    (requests, for a server)."""
+    workload = spec.workload
+    chunk = workload.prefill_chunk
+    if workload.http is not None:  # a server's progress counts requests
+        return workload.http.requests()
+    if workload.chat is not None:
+        chat = workload.chat
+        return chat.turns * (math.ceil(chat.user / chunk) + chat.model + 1) + 1
+    extra = 3 if spec.cache.store is not None else 1  # fetch, store, idle
+    return 1 + sum(
+        r.repeat * (math.ceil(r.prompt / chunk) + r.decode + extra) for r in workload.requests or []
+    )
 
 
 def shards(variants: list[Variant], count: int) -> list[list[int]]:

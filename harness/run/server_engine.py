@@ -38,12 +38,14 @@ import psutil
 
 from ..agent import kvmem_agent
 from ..common.child import die_with_parent, how
+from ..judge.summary import ModelFacts
 from ..models import loading as models
 from ..models.folder import folder
 from ..scenario import ScenarioSpec
+from ..scenario.server import Idle
 from . import traffic
-from .isolation import RunFailure
-from .probe import Probe
+from .engines import RUNTIME_SLACK, RunFailure
+from .probe import Probe, Sample
 
 AGENT_DIR = Path(kvmem_agent.__file__).parent
 HOST = "127.0.0.1"
@@ -93,6 +95,18 @@ class ServerEngine:
         self._rss_gap = 0
         self._last = (0, 0)  # the logical bytes and entries at the last sample
         self._model_name: str | None = None  # what each request names (workload.http.model)
+
+    @classmethod
+    def estimate_bytes(cls, spec: ScenarioSpec) -> int:
+        """A server's footprint: its weights, then its longest context's KV for every
+        prompt-cache entry mlx-lm keeps by default (10) and every client in flight, twice (a
+        fetch copies an entry), and a runtime for the server as for the variant's own process."""
+        http = spec.workload.http
+        assert http is not None
+        clients = max(phase.clients or http.clients for phase in http.phases
+                      if not isinstance(phase, Idle))
+        kv = spec.geometry().minimum_bytes(traffic.longest_context(http))
+        return spec.weights_bytes() + 2 * (10 + clients) * kv + 2 * RUNTIME_SLACK
 
     # -- starting ---------------------------------------------------------------------------
 
@@ -235,16 +249,15 @@ class ServerEngine:
             self._record(self._receive(self._connection, deadline, when)["rows"])
 
     def _record(self, rows: list[tuple]) -> None:
+        samples = [Sample._make(row) for row in rows]
         if self._origin is None:  # the baseline's answer: what came before it is start-up
-            starts = [i for i, row in enumerate(rows) if row[1] == "idle"]
-            rows = rows[starts[-1]:]
-            self._origin = rows[0][0]
-        for (at, phase, request, turn, tokens, active, peak, cache, rss, logical, entries,
-             cyclic) in rows:
-            minimum = self.geometry.minimum_bytes(tokens) if tokens else 0
-            self.probe.add(phase, request, turn, tokens, active, peak, cache, rss, logical, 0,
-                           minimum, 0, cyclic, at - self._origin)
-            self._last = (logical, entries)
+            starts = [i for i, sample in enumerate(samples) if sample.phase == "idle"]
+            samples = samples[starts[-1]:]
+            self._origin = samples[0].time
+        for sample in samples:
+            minimum = self.geometry.minimum_bytes(sample.tokens) if sample.tokens else 0
+            self.probe.add(sample._replace(time=sample.time - self._origin), minimum=minimum)
+            self._last = (sample.logical, sample.entries)
 
     def _at_rest(self, when: str) -> None:
         self._command({"op": "idle", "cycles": self.spec.sampling.find_cycles,
@@ -315,14 +328,14 @@ class ServerEngine:
 
     # -- what the summary says --------------------------------------------------------------
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> ModelFacts:
         """The model served (its folder by name: a committed baseline holds no local path)
         and the server that served it."""
-        return {"engine": "server", "name": self.spec.model.choice().name,
-                "layers": len(self.geometry.layers), "weights": self.weights,
-                "folder": self.model.name, "ready_s": round(self._ready_s, 3),
-                "requests": self._served, "disconnects": self._disconnects,
-                "rss_outside_gap": self._rss_gap}
+        return ModelFacts(engine="server", name=self.spec.model.choice().name,
+                          layers=len(self.geometry.layers), weights=self.weights,
+                          folder=self.model.name, ready_s=round(self._ready_s, 3),
+                          requests=self._served, disconnects=self._disconnects,
+                          rss_outside_gap=self._rss_gap)
 
     def store_stats(self) -> dict[str, int | float] | None:
         """The logical size the agent read (`server.logical`) at the last sample."""

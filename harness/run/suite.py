@@ -20,68 +20,57 @@ from collections.abc import Callable, Generator, Iterable
 from contextlib import closing
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from rich.console import Console
 from rich.progress import Progress, TaskID
 
-from ..judge import detectors as detect
-from ..judge import expect
-from ..judge.summary import SCHEMA, Summary, parse
+from ..judge.detectors import detect
+from ..judge.expect import check
+from ..judge.metrics import RunFacts, Samples, figures, recorded
+from ..judge.records import Finding
+from ..judge.summary import SCHEMA, Environment, Series, Summary
 from ..report import folder as report
 from ..report.console import progress_bars, warn
+from ..report.plots import plot_overlay, series
 from ..scenario import Variant
-from .engine import planned_steps
 from .environment import environment as describe_environment
 from .isolation import RunOutcome, execute
 from .probe import to_frame
-from .schedule import Scheduler, in_parallel
+from .schedule import Scheduler, in_parallel, planned_steps
 
 Ran = tuple[TaskID, RunOutcome]  # a variant's progress bar and what its run gave
 
 
-def summarize(outcome: RunOutcome, environment: dict,
-              out: Path = Path()) -> tuple[pd.DataFrame, list, Summary]:
+def summarize(outcome: RunOutcome, environment: dict[str, Any],
+              out: Path = Path()) -> tuple[pd.DataFrame, list[Finding], Summary]:
     """Samples, findings and the summary of one executed variant, whose report goes to `out`
     (out/scenario/variant/summary.json)."""
     spec = outcome.variant.spec
     frame = to_frame(outcome.rows)
-    findings, figures, expectations = [], {}, []
-    if outcome.status == "ok" and not frame.empty:
-        findings = detect.detect(frame, spec.detect, environment["backend"])
-        figures = expect.metrics(frame, findings, spec.detect)
-        expectations = expect.check(spec.expect, findings, figures)
-    figures["wall_s"] = round(outcome.wall_s, 3)
-    figures["estimate"] = outcome.estimate
-    summary = {
-        "schema": SCHEMA,
-        "scenario": spec.name,
-        "variant": outcome.variant.name,
-        "scenario_file": str(outcome.variant.path),
-        "description": spec.description,
-        "status": outcome.status,
-        "error": outcome.error,
-        "exit_status": outcome.exit_status,
-        "last_step": outcome.last_step,
-        "metrics": figures,
-        "findings": [f.to_dict() for f in findings],
-        "expectations": expectations,
-        "passed": outcome.status == "ok" and all(e["ok"] for e in expectations),
-        "compare": {metric: tolerance.model_dump(mode="json")
-                    for metric, tolerance in spec.expect.compare.items()},
+    served = outcome.status == "ok" and not frame.empty
+    findings = detect(frame, spec.detect, environment["backend"]) if served else []
+    weights = outcome.model.weights if outcome.model is not None else None
+    values = figures(Samples(frame if served else None, findings, spec.detect,
+                             RunFacts(outcome.wall_s, outcome.estimate, weights)))
+    expectations = check(spec.expect, findings, values) if served else []
+    optional: dict[str, Any] = {"store_stats": outcome.store_stats, "model": outcome.model}
+    summary = Summary(
+        schema=SCHEMA, scenario=spec.name, variant=outcome.variant.name,
+        scenario_file=str(outcome.variant.path), description=spec.description,
+        status=outcome.status, error=outcome.error, exit_status=outcome.exit_status,
+        last_step=outcome.last_step, metrics=recorded(values), findings=findings,
+        expectations=expectations, passed=served and all(e.ok for e in expectations),
+        compare=spec.expect.compare,
         # Every detector's thresholds as applied: the gate sees a pull request that moves one.
-        "detect": spec.detect.model_dump(mode="json"),
-        "series": {"active": report.series(frame)},
+        detect=spec.detect.model_dump(mode="json"),
+        series=Series(active=series(frame)),
         # The packages the variant's components loaded (the pre-run check saw them).
-        "environment": {**environment, "packages": outcome.variant.packages},
-    }
-    if outcome.store_stats is not None:
-        summary["store_stats"] = outcome.store_stats
-    if outcome.model is not None:  # a real model: its weights beside the KV `minimum`
-        summary["model"] = outcome.model
-        figures["weights"] = outcome.model["weights"]
-    where = out / spec.name / outcome.variant.name / "summary.json"
-    return frame, findings, parse(where, summary)
+        environment=Environment.model_validate({**environment,
+                                                "packages": outcome.variant.packages}),
+        **{name: value for name, value in optional.items() if value is not None})
+    return frame, findings, summary.at(out / spec.name / outcome.variant.name / "summary.json")
 
 
 def run_variants(variants: list[Variant], out: Path, console: Console | None = None,
@@ -107,8 +96,8 @@ def run_variants(variants: list[Variant], out: Path, console: Console | None = N
             for index, (task, outcome) in outcomes:
                 variant = variants[index]
                 _finish_bar(progress, task, variant.label, outcome)
-                frame, findings, summary = summarize(outcome, environment, out)
-                summary, written = write(summary, frame, findings)
+                frame, _, summary = summarize(outcome, environment, out)
+                summary, written = write(summary, frame)
                 if not written:
                     progress.update(task, description=f"{variant.label} [failed: report not written]")
                 elif not frame.empty:  # a refused variant has no samples to draw
@@ -179,7 +168,7 @@ def overlays(frames: Iterable[tuple[str, str, pd.DataFrame]], out: Path,
     for name, by_variant in by_scenario.items():
         if len(by_variant) > 1:
             try:
-                report.plot_overlay(by_variant, f"{name}: variants", out / name / "memory.png")
+                plot_overlay(by_variant, f"{name}: variants", out / name / "memory.png")
             except OSError as exc:
                 warn(console, [f"{name}: overlay plot not written: {exc}"])
 
@@ -188,11 +177,11 @@ def _advance(progress: Progress, task: TaskID, steps: int) -> None:
     progress.update(task, completed=steps)
 
 
-def write(summary: Summary, frame: pd.DataFrame, findings: list) -> tuple[Summary, bool]:
+def write(summary: Summary, frame: pd.DataFrame) -> tuple[Summary, bool]:
     """Write one variant's report where its summary says; a write that fails fails the variant,
     with the reason: the summary as it stands, and whether it was written."""
     try:
-        report.write_variant(summary.path.parent, frame, summary, findings)
+        report.write_variant(summary.path.parent, frame, summary)
     except OSError as exc:
         return summary.replace(status="failed", passed=False,
                                error=f"cannot write the report: {exc}"), False

@@ -1,17 +1,9 @@
-"""Scenario files: the schema (`schema`), reading and merging them (`load`), and the check of
-the components they name before any run (`checks`)."""
+"""Scenario files: the schema (`schema`, with the server's part in `server` and the engines a
+scenario names in `engines`), reading and merging them (`load`), the check of the components
+they name before any run (`checks`), and the scenarios bundled with kvmem (`packaged`)."""
 
 from .load import ScenarioError, Variant, check_unique, discover, load_variants
-from .schema import (
-    ChatSpec,
-    ComponentSpec,
-    DetectSpec,
-    ExpectSpec,
-    ScenarioSpec,
-    SpikeBound,
-    WorkloadSpec,
-)
+from .schema import ChatSpec, ComponentSpec, ScenarioSpec, WorkloadSpec
 
-__all__ = ["ChatSpec", "ComponentSpec", "DetectSpec", "ExpectSpec", "ScenarioError",
-           "ScenarioSpec", "SpikeBound", "Variant", "WorkloadSpec", "check_unique", "discover",
-           "load_variants"]
+__all__ = ["ChatSpec", "ComponentSpec", "ScenarioError", "ScenarioSpec", "Variant",
+           "WorkloadSpec", "check_unique", "discover", "load_variants"]

@@ -17,6 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from ..common.echo import MAX_ECHO, clip, echo
+from ..common.errors import BadInput
 from ..components.registry import check as check_components
 from ..models import loading as models
 from . import checks
@@ -43,7 +44,7 @@ class Variant:
         return f"{self.scenario}/{self.name}"
 
 
-class ScenarioError(ValueError):
+class ScenarioError(BadInput):
     """Bad scenario input; the message names the file and the field."""
 
 

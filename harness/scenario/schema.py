@@ -7,47 +7,22 @@ field path; reading the file and merging variants is `harness.scenario.load`'s.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Discriminator,
-    Field,
-    Tag,
-    create_model,
-    model_validator,
-)
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from ..common.echo import echo
 from ..common.names import MAX_NAME, Flaw, flaw
+from ..common.strict import Number, Strict, tagged
 from ..common.units import Size
-from ..judge.detectors import DETECTORS, Detector, Presence
-from ..judge.metrics import gated
+from ..judge.detectors import Detect, detect_spec
+from ..judge.expect import Expect, expect_spec
 from ..models import geometry as geo
 from ..models import loading as models
-from ..run.engines import ENGINES
+from ..models import presets
+from .engines import ENGINES, named
 from .server import HttpSpec, ServerSpec
-
-
-def _tagged(**members: Any) -> Any:
-    """A union that validates against one member, chosen by the input's shape.
-
-    Plain unions report every member's errors; a user who wrote a mapping wants to hear what
-    is wrong with the mapping, not that it is not a string.
-    """
-    def choose(value: Any) -> str:
-        return "mapping" if isinstance(value, dict) else "list" if isinstance(value, list) else "scalar"
-
-    choices = [Annotated[t, Tag(tag)] for tag, t in members.items()]
-    # A union built at run time: only Union[...] takes its members as a tuple.
-    return Annotated[Union[tuple(choices)], Discriminator(choose)]  # noqa: UP007
-
 
 # Counts are strict integers (a bool or 1.5 is a mistake, not 1) with a sane upper bound, so a
 # typo such as 10**30 fails here, naming its field, rather than deep inside a run.
@@ -61,8 +36,6 @@ Count = Annotated[int, Field(strict=True, ge=0, le=MAX_TOKENS)]
 Positive = Annotated[int, Field(strict=True, ge=1, le=MAX_TOKENS)]
 Dim = Annotated[int, Field(strict=True, ge=0, le=MAX_DIM)]
 Layers = Annotated[int, Field(strict=True, ge=1, le=MAX_LAYERS)]
-# Finite numbers; an int is a number, a bool or a string is not.
-Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 Dtype = Literal["float16", "bfloat16", "float32"]
 
 
@@ -92,13 +65,7 @@ def check_name(name: Any) -> str:
 Name = Annotated[str, Field(strict=True), AfterValidator(check_name)]
 
 
-class _Strict(BaseModel):
-    # defer_build: validators are built on first use; a variant's process only unpickles
-    # scenarios, and building them all at import was 0.17 s of its 0.85 s start.
-    model_config = ConfigDict(extra="forbid", strict=False, frozen=True, defer_build=True)
-
-
-class LayerGroup(_Strict):
+class LayerGroup(Strict):
     count: Layers = 1
     kind: Literal["full", "sliding", "recurrent"]
     kv_heads: Dim = 0
@@ -119,38 +86,30 @@ class LayerGroup(_Strict):
 
 
 def _known_preset(name: str | None) -> str | None:
-    """A geometry preset (synthetic engine) or an mlx-lm config preset (mlx_lm engine); which
-    engine may use which is checked with the engine (ScenarioSpec._check_engine)."""
-    if name is not None and name not in geo.PRESETS and name not in models.PRESETS:
+    """A preset of harness.models.presets; whether the engine can serve it (its layer groups,
+    or its mlx-lm config) is checked with the engine (ScenarioSpec._check_engine)."""
+    if name is not None and name not in presets.PRESETS:
         raise ValueError(f"unknown preset {echo(name)}: expected one of "
-                         + ", ".join(dict.fromkeys([*geo.PRESETS, *models.PRESETS])))
+                         + ", ".join(presets.PRESETS))
     return name
 
 
-def _preset_layers(name: str) -> int:
-    if name in geo.PRESETS:
-        return sum(g.get("count", 1) for g in geo.PRESETS[name]["layers"])
-    return models.preset_layers(name)
-
-
-if TYPE_CHECKING:  # what the tagged unions validate to, for the type checker
+if TYPE_CHECKING:  # what the tagged union and the registry's names validate to
     LayerCut = int | list[LayerGroup]
-    MetricName = str
     EngineName = str
 else:
-    LayerCut = _tagged(scalar=Layers, list=list[LayerGroup])
-    MetricName = Literal[tuple(gated())]  # one member per gated metric
+    LayerCut = tagged(scalar=Layers, list=list[LayerGroup])
     EngineName = Literal[tuple(ENGINES)]  # one member per registered engine
 
 
-class QuantizeSpec(_Strict):
+class QuantizeSpec(Strict):
     """`model.quantize`: the weights through `mlx.nn.quantize` (mlx_lm engine)."""
 
     bits: Literal[2, 3, 4, 5, 6, 8]
     group_size: Literal[32, 64, 128] = 64
 
 
-class ModelSpec(_Strict):
+class ModelSpec(Strict):
     """A preset (optionally cut to its first `layers` layers) or inline layer groups; on the
     mlx_lm engine also a local model folder (`path`) and quantized weights (`quantize`)."""
 
@@ -187,7 +146,7 @@ class ModelSpec(_Strict):
         elif isinstance(self.layers, list):
             raise ValueError("with a preset, layers is a count (keep the first N layers)")
         elif self.layers is not None:
-            available = _preset_layers(self.preset)
+            available = presets.layer_count(self.preset)
             if self.layers > available:
                 raise ValueError(f"layers: expected at most {available}, the layers of "
                                  f"{self.preset}; got {self.layers}")
@@ -205,44 +164,44 @@ class ModelSpec(_Strict):
         """The synthetic engine's geometry (the mlx_lm engine's comes from the built model)."""
         if self.preset is not None:
             assert not isinstance(self.layers, list)  # with a preset, _check allows a count
-            return geo.preset(self.preset, layers=self.layers, dtype=self.dtype,
-                              vocab=self.vocab, window=self.window)
+            return presets.geometry(self.preset, layers=self.layers, dtype=self.dtype,
+                                    vocab=self.vocab, window=self.window)
         assert isinstance(self.layers, list)  # no preset: _check required layer groups
         groups = [g.model_dump(exclude_none=True) for g in self.layers]
         return geo.build(groups, dtype=self.dtype, vocab=self.vocab or 32000)
 
 
-class ComponentSpec(_Strict):
+class ComponentSpec(Strict):
     component: Annotated[str, Field(strict=True, min_length=1)]
     options: dict[str, Any] = Field(default_factory=dict)
 
 
-class CacheSpec(_Strict):
+class CacheSpec(Strict):
     layer: ComponentSpec = ComponentSpec(component="mlx_lm.KVCache")
     sliding: ComponentSpec = ComponentSpec(component="mlx_lm.RotatingKVCache")
     store: ComponentSpec | None = None
     session: ComponentSpec | None = None
 
 
-class PrefixSpec(_Strict):
+class PrefixSpec(Strict):
     request: Count
     tokens: Positive
 
 
-class RequestSpec(_Strict):
+class RequestSpec(Strict):
     prompt: Positive
     decode: Count = 0
     prefix: PrefixSpec | None = None
     repeat: Positive = 1
 
 
-class ChatSpec(_Strict):
+class ChatSpec(Strict):
     turns: Positive
     user: Positive
     model: Positive
 
 
-class WorkloadSpec(_Strict):
+class WorkloadSpec(Strict):
     prefill_chunk: Positive = 512
     batch: Annotated[int, Field(strict=True, ge=1, le=MAX_BATCH)] = 1
     requests: Annotated[list[RequestSpec], Field(min_length=1)] | None = None
@@ -267,96 +226,12 @@ class WorkloadSpec(_Strict):
         return self
 
 
-class SamplingSpec(_Strict):
+class SamplingSpec(Strict):
     seed: Annotated[int, Field(strict=True, ge=0, le=MAX_SEED)] = 0
     # Python's automatic cycle collector runs when it will, as in a server. True: at each idle
     # point kvmem finds what unreachable reference cycles hold, without freeing it (the
     # gc_deferred finding; leak and retained leave those bytes to it). False: it does not look.
     find_cycles: Annotated[bool, Field(strict=True)] = True
-
-
-class DetectSpec(_Strict):
-    """`detect:`: each registered detector's thresholds under its name (detect.DETECTORS).
-
-    Validated against the registry as it stands when a scenario is validated (`_registered`),
-    so a detector registered after import is known and a name not registered is unknown; the
-    thresholds are held as extra fields, so a spec pickles (to a variant's child) by value.
-    """
-
-    model_config = ConfigDict(extra="allow", defer_build=True)
-
-    if TYPE_CHECKING:
-        def __getattr__(self, name: str) -> Any: ...
-
-
-class SpikeBound(_Strict):
-    max_ratio: Annotated[Number, Field(ge=1.0)]
-
-
-class Tolerance(_Strict):
-    rel: Annotated[Number, Field(ge=0.0)] | None = None
-    abs: Size | None = None
-
-
-if TYPE_CHECKING:
-    SpikeExpectation = Presence | SpikeBound
-else:
-    SpikeExpectation = _tagged(scalar=Presence, mapping=SpikeBound)
-
-
-class ExpectSpec(_Strict):
-    """`expect:`: the budgets, `kvmem compare`'s tolerances and spike's presence or bound.
-
-    Every other registered detector adds its presence (`none` or `detected`), an extra field
-    validated as DetectSpec's are, defaulting to its registry entry's `expected`.
-    """
-
-    model_config = ConfigDict(extra="allow", defer_build=True)
-
-    spike: SpikeExpectation | None = None
-    peak: Size | None = None
-    steady: Size | None = None
-    final: Size | None = None
-    per_token: Size | None = None
-    overhead: Annotated[Number, Field(gt=0.0)] | None = None
-    # Keyed by the metrics `kvmem compare` knows: a typo would silently tolerate nothing.
-    compare: dict[MetricName, Tolerance] = Field(default_factory=dict)
-
-
-FieldOf = Callable[[Detector], tuple[Any, Any]]
-
-
-def _thresholds_field(detector: Detector) -> tuple[Any, Any]:
-    return detector.thresholds, detector.thresholds()
-
-
-def _presence_field(detector: Detector) -> tuple[Any, Any]:
-    return Presence | None, detector.expected
-
-
-@functools.cache
-def _schema(base: type[_Strict], field: FieldOf,
-            detectors: tuple[tuple[str, Detector], ...]) -> type[_Strict]:
-    """`base` closed to unknown keys, with a field, (type, default) from `field`, per detector
-    it does not declare itself."""
-    fields: dict[str, Any] = {name: field(d) for name, d in detectors
-                              if name not in base.model_fields}
-    return create_model(base.__name__, __base__=base, __cls_kwargs__={"extra": "forbid"},
-                        **fields)
-
-
-def _registered(base: type[_Strict], field: FieldOf) -> Callable[[Any], Any]:
-    """Validates a `base` against detect.DETECTORS as it stands at validation time, not at
-    import; the value is a plain `base`, the registered fields held as extras."""
-    def validate(value: Any) -> _Strict:
-        checked = _schema(base, field, tuple(DETECTORS.items())).model_validate(value)
-        return base.model_construct(checked.model_fields_set, **dict(checked))  # validated now
-
-    return validate
-
-
-_detect = _registered(DetectSpec, _thresholds_field)
-_expect = _registered(ExpectSpec, _presence_field)
 
 
 # Registry caches BatchGenerator can batch on the mlx_lm engine: one a sequence, merged into
@@ -367,12 +242,11 @@ _BATCHABLE = ("mlx_lm.KVCache", "mlx_lm.RotatingKVCache", "mlx_lm.BatchRotatingK
 _UNBATCHABLE = ("mlx_lm.QuantizedKVCache", "reference.turboquant")
 
 
-class ScenarioSpec(_Strict):
+class ScenarioSpec(Strict):
     name: Name
     description: Annotated[str, Field(strict=True)] = ""
-    # synthetic: seeded K/V fed to the caches (harness.run.engine); mlx_lm: a real mlx-lm model
-    # with random weights, served through generate_step (harness.run.model_engine); server: a
-    # real server process under HTTP traffic (harness.run.server_engine).
+    # What serves the workload (harness.scenario.engines): seeded K/V fed to the caches, a
+    # real mlx-lm model with random weights, or a real server process under HTTP traffic.
     engine: EngineName = "synthetic"
     server: ServerSpec | None = None
     model: Annotated[ModelSpec, BeforeValidator(
@@ -380,8 +254,8 @@ class ScenarioSpec(_Strict):
     cache: CacheSpec = CacheSpec()
     workload: WorkloadSpec
     sampling: SamplingSpec = SamplingSpec()
-    detect: Annotated[DetectSpec, BeforeValidator(_detect)] = Field(default_factory=lambda: _detect({}))
-    expect: Annotated[ExpectSpec, BeforeValidator(_expect)] = Field(default_factory=lambda: _expect({}))
+    detect: Detect = Field(default_factory=lambda: detect_spec({}))
+    expect: Expect = Field(default_factory=lambda: expect_spec({}))
     # Seconds a variant may run before its process is killed; `--timeout` overrides it.
     timeout: Annotated[Number, Field(gt=0)] | None = None
 
@@ -393,38 +267,49 @@ class ScenarioSpec(_Strict):
 
     @model_validator(mode="after")
     def _check_engine(self) -> ScenarioSpec:
-        model = self.model
-        serving = self.engine == "server"
-        if serving != (self.workload.http is not None):
-            raise ValueError("workload.http: HTTP traffic needs engine: server" if not serving
-                             else "workload: engine server sends HTTP traffic: expected "
-                             "workload.http")
-        if self.server is not None and not serving:
-            raise ValueError("server: needs engine: server")
-        if serving:
+        entry = ENGINES[self.engine]
+        if entry.http != (self.workload.http is not None):
+            raise ValueError(f"workload.http: HTTP traffic needs engine: {named('http')}"
+                             if not entry.http else f"workload: engine {self.engine} sends "
+                             "HTTP traffic: expected workload.http")
+        if self.server is not None and not entry.http:
+            raise ValueError(f"server: needs engine: {named('http')}")
+        if entry.http:
             self._check_server()
-        if self.engine == "synthetic":
-            if model.path is not None or model.quantize is not None:
-                field = "path" if model.path is not None else "quantize"
-                raise ValueError(f"model.{field}: needs engine: mlx_lm (a real model)")
-            if model.preset is not None and model.preset not in geo.PRESETS:
-                raise ValueError(f"model.preset: {model.preset!r} is an mlx_lm config preset: "
-                                 "add engine: mlx_lm, or use a geometry preset ("
-                                 + ", ".join(geo.PRESETS) + ")")
-            return self
+        if entry.real_model:
+            self._check_real_model()
+        else:
+            self._check_geometry()
+        return self
+
+    def _check_geometry(self) -> None:
+        """An engine of synthetic K/V serves a geometry: a preset's layer groups or inline
+        ones, no weights to load or quantize."""
+        model = self.model
+        if model.path is not None or model.quantize is not None:
+            field = "path" if model.path is not None else "quantize"
+            raise ValueError(f"model.{field}: needs engine: {named('real_model')} (a real model)")
+        if model.preset is not None and model.preset not in presets.geometric():
+            raise ValueError(f"model.preset: {model.preset!r} is an mlx_lm config preset: "
+                             f"add engine: {named('real_model')}, or use a geometry preset ("
+                             + ", ".join(presets.geometric()) + ")")
+
+    def _check_real_model(self) -> None:
+        """An engine of a real model builds a preset's mlx-lm config or loads a folder; the
+        model says its window."""
+        model = self.model
         if model.preset is None and model.path is None:
             raise ValueError(f"model: engine {self.engine} builds a model from a preset ("
-                             + ", ".join(models.PRESETS) + ") or loads one from a path, "
+                             + ", ".join(presets.buildable()) + ") or loads one from a path, "
                              "not from layer groups")
-        if model.preset is not None and model.preset not in models.PRESETS:
+        if model.preset is not None and model.preset not in presets.buildable():
             raise ValueError(f"model.preset: {model.preset!r} has no mlx_lm config: expected "
-                             "one of " + ", ".join(models.PRESETS))
+                             "one of " + ", ".join(presets.buildable()))
         if model.window is not None:
             raise ValueError(f"model.window: the {self.engine} engine takes the window from the "
                              "model")
         if self.workload.batch != 1:
             self._check_batch()
-        return self
 
     def _check_server(self) -> None:
         """A server serves its own caches: kvmem's cache components and batch do not apply."""
@@ -447,11 +332,11 @@ class ScenarioSpec(_Strict):
         cache class's `merge`). A store serves and keeps the first sequence, as a server's
         prompt cache does each of its batch's sequences."""
         if self.workload.chat is not None:
-            raise ValueError("workload.batch: the mlx_lm engine serves a chat one sequence at "
-                             "a time (batch: 1); batch > 1 serves requests")
+            raise ValueError(f"workload.batch: the {self.engine} engine serves a chat one "
+                             "sequence at a time (batch: 1); batch > 1 serves requests")
         if self.cache.session is not None:
-            raise ValueError("cache.session: the mlx_lm engine serves batch > 1 through "
-                             "mlx-lm's BatchGenerator, without a session (use batch: 1)")
+            raise ValueError(f"cache.session: the {self.engine} engine serves batch > 1 "
+                             "through mlx-lm's BatchGenerator, without a session (use batch: 1)")
         for role in ("layer", "sliding"):
             name = getattr(self.cache, role).component
             if name in _UNBATCHABLE:
@@ -461,10 +346,10 @@ class ScenarioSpec(_Strict):
 
     def geometry(self) -> geo.Geometry:
         """Per layer, what the caches hold: on the mlx_lm engine read from the built model."""
-        if self.engine != "synthetic":
+        if ENGINES[self.engine].real_model:
             return models.describe(self.model.choice())[0].with_batch(self.workload.batch)
         return self.model.geometry().with_batch(self.workload.batch)
 
     def weights_bytes(self) -> int:
         """The model's weights on the mlx_lm engine (the synthetic engine has none)."""
-        return models.describe(self.model.choice())[1] if self.engine != "synthetic" else 0
+        return models.describe(self.model.choice())[1] if ENGINES[self.engine].real_model else 0

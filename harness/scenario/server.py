@@ -8,9 +8,10 @@ import shlex
 import string
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, model_validator
+from pydantic import BeforeValidator, Discriminator, Field, model_validator
 
 from ..common.echo import echo
+from ..common.strict import Strict
 
 MAX_REQUESTS = 100_000
 MAX_WORDS = 1_000_000
@@ -31,12 +32,6 @@ DEFAULT_LOGICAL = "mlx_lm.models.cache:LRUPromptCache.nbytes"
 PLACEHOLDERS = ("python", "model", "model_dir", "model_name", "host", "port")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+$")
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-
-
-class _Strict(BaseModel):
-    # defer_build: validators are built on first use; a variant's process only unpickles
-    # scenarios, and building them all at import was 0.17 s of its 0.85 s start.
-    model_config = ConfigDict(extra="forbid", strict=False, frozen=True, defer_build=True)
 
 
 def _words(command: str | list[str]) -> list[str]:
@@ -99,7 +94,7 @@ def _check_module(value: str) -> str:
     return value
 
 
-class ServerSpec(_Strict):
+class ServerSpec(Strict):
     """`server:`: the command kvmem starts (placeholders {python}, {model}, {host}, {port}),
     what it adds to it, and what the agent inside reads."""
 
@@ -127,7 +122,7 @@ class ServerSpec(_Strict):
         return self
 
 
-class _Calls(_Strict):
+class _Calls(Strict):
     """What every kind of traffic may set for its own requests; unset, the `http:` defaults."""
 
     endpoint: Literal["chat", "completions"] | None = None
@@ -165,7 +160,7 @@ class Sessions(_Calls):
     words: Words
 
 
-class Idle(_Strict):
+class Idle(Strict):
     """No traffic for `seconds`, with the agent still sampling; then a sample at rest."""
 
     kind: Literal["idle"]
@@ -175,7 +170,7 @@ class Idle(_Strict):
 Phase = Annotated[Union[Distinct, SharedPrefix, Sessions, Idle], Discriminator("kind")]  # noqa: UP007
 
 
-class HttpSpec(_Strict):
+class HttpSpec(Strict):
     """`workload.http`: OpenAI-compatible traffic in phases, run in order; defaults for every
     phase's requests. Prompts are drawn from `sampling.seed`, so the traffic is identical run
     to run. With one client a sample at rest follows each request; with more, each round of

@@ -1,22 +1,19 @@
-"""Engine loop: serves a scenario's workload as an MLX server would, one probed step at a time.
+"""The engine loop: serves a scenario's workload as an MLX server would, one probed step at a
+time, with the forward pass left to the engine (`Loop` is the base of the synthetic and mlx_lm
+engines, harness.run.synthetic_engine and harness.run.model_engine).
 
-For each request: look the prompt up in the store (if any), prefill the rest in chunks, decode,
-store, release. A chat runs its turns against one session. Every chunk, token, fetch and store is
-one step bracketed by the probe, and an idle sample follows each request or turn.
-
-`Engine` is the loop with a synthetic forward pass (seeded K/V fed straight to the caches); the
-loop calls `generate` for a prompt's prefill and decode, and `make_caches` for fresh caches, the
-two seams `harness.run.model_engine.ModelEngine` replaces to serve a real mlx-lm model through
-`generate_step`; `harness.run.engines.create` picks the engine a scenario names. The engine
-serves in whatever process creates it: `harness.run.isolation.execute` creates one in a child
-process per variant (so a variant that segfaults or is killed for memory becomes a failed run
-instead of taking the others down), the scenario tests and the benchmark in their own.
+For each request: look the prompt up in the store (if any), prefill the rest, decode, store,
+release. A chat runs its turns against one session. Every chunk, token, fetch and store is one
+step bracketed by the probe, and an idle sample follows each request or turn. An engine gives
+`prepare` (what exists before the baseline: K/V pools, or a model's weights, and the
+geometry), `make_caches` (a request's fresh caches) and `generate` (a prompt's prefill and
+decode). The loop serves in whatever process creates it: `harness.run.isolation.execute`
+creates one in a child process per variant, the scenario tests and the benchmark in their own.
 """
 
 from __future__ import annotations
 
 import gc
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -25,12 +22,28 @@ import numpy as np
 
 from ..components.adapters import store_stats
 from ..components.protocols import LayerCache, Session, Store
-from ..components.registry import construct
-from ..models.geometry import KIND_RECURRENT, KIND_SLIDING, Geometry
-from ..scenario import ChatSpec, ScenarioSpec, WorkloadSpec
+from ..components.registry import construct, resolve
+from ..judge.summary import ModelFacts
+from ..models.geometry import Geometry
+from ..scenario import ChatSpec, ComponentSpec, ScenarioSpec, WorkloadSpec
+from .engines import RUNTIME_SLACK
 from .probe import Probe, cycle_garbage, release_freed_heap
-from .recurrent import RecurrentState
 from .synthetic import SyntheticKV
+
+
+def _context_tokens(workload: WorkloadSpec) -> int:
+    """The longest context a request or the chat reaches."""
+    if workload.chat is not None:
+        return workload.chat.turns * (workload.chat.user + workload.chat.model)
+    return max(r.prompt + r.decode for r in workload.requests or [])
+
+
+def _stated(component: ComponentSpec | None, *args: Any) -> int:
+    """What a component's factory says it holds (its `estimate_bytes`), or 0 if it says nothing."""
+    if component is None:
+        return 0
+    estimate = getattr(resolve(component.component), "estimate_bytes", None)
+    return 0 if estimate is None else int(estimate(*args, **component.options))
 
 
 def request_plan(workload: WorkloadSpec, vocab: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -52,23 +65,7 @@ def request_plan(workload: WorkloadSpec, vocab: int, seed: int) -> list[tuple[np
     return plan
 
 
-def planned_steps(spec: ScenarioSpec) -> int:
-    """Steps the workload takes with no prefix hit and no eviction: the progress bar's estimate
-    (requests, for a server)."""
-    workload = spec.workload
-    chunk = workload.prefill_chunk
-    if workload.http is not None:  # a server's progress counts requests
-        return workload.http.requests()
-    if workload.chat is not None:
-        chat = workload.chat
-        return chat.turns * (math.ceil(chat.user / chunk) + chat.model + 1) + 1
-    extra = 3 if spec.cache.store is not None else 1  # fetch, store, idle
-    return 1 + sum(
-        r.repeat * (math.ceil(r.prompt / chunk) + r.decode + extra) for r in workload.requests or []
-    )
-
-
-class Engine:
+class Loop:
     """Serves one scenario variant in this process, recording one probe row per step."""
 
     def __init__(self, spec: ScenarioSpec, probe: Probe,
@@ -87,23 +84,46 @@ class Engine:
         self._turn = -1
         self._tokens = 0
 
+    @classmethod
+    def estimate_bytes(cls, spec: ScenarioSpec) -> int:
+        """An upper bound on a variant's footprint, from the geometry, the workload and the
+        components.
+
+        Each layer's cache at the longest context, twice (a growth step briefly holds old and
+        new buffers), or what its factory's `estimate_bytes(layer, tokens, **options)` says when
+        that is more (a cache that allocates its whole window up front); a prefill chunk's K/V
+        twice; and whatever a store or session's `estimate_bytes(geometry, workload,
+        **options)` adds on top; with a real model its weights too, and a prefill chunk's K/V
+        twice more for its activations (an allowance, not a bound). Resolves components, so it
+        runs where user code may run: in the variant's process.
+        """
+        geometry, workload = spec.geometry(), spec.workload
+        context = _context_tokens(workload)
+        layer_caches = {"full": spec.cache.layer, "sliding": spec.cache.sliding}
+        caches = sum(max(2 * layer.minimum_bytes(context + 256),
+                         _stated(layer_caches.get(layer.kind), layer, context))
+                     for layer in geometry.layers)
+        chunk = sum(SyntheticKV.input_bytes(layer, workload.prefill_chunk)
+                    for layer in geometry.layers)
+        extra = sum(_stated(part, geometry, workload)
+                    for part in (spec.cache.store, spec.cache.session))
+        weights = spec.weights_bytes()
+        activations = 2 * chunk if weights else 0
+        return caches + 2 * chunk + activations + extra + weights + RUNTIME_SLACK
+
     def prepare(self) -> Geometry:
-        """What the engine needs before the baseline (the K/V pools), and the geometry."""
-        geometry = self.spec.geometry()
-        self.source = SyntheticKV(self.spec.sampling.seed, geometry.layers)
-        return geometry
+        """What exists before the baseline (K/V pools, a model's weights), and the geometry."""
+        raise NotImplementedError
 
     def make_caches(self) -> list[LayerCache]:
-        """A fresh cache per layer: recurrent layers hold a fixed state, sliding layers a window."""
-        caches: list[LayerCache] = []
-        for layer in self.geometry.layers:
-            if layer.kind == KIND_RECURRENT:
-                caches.append(RecurrentState(layer))
-            elif layer.kind == KIND_SLIDING:
-                caches.append(construct(self.spec.cache.sliding, layer))
-            else:
-                caches.append(construct(self.spec.cache.layer, layer))
-        return caches
+        """A fresh cache per layer, for one request (or a re-prefilled history)."""
+        raise NotImplementedError
+
+    def generate(self, caches: list[LayerCache], prompt: np.ndarray, start: int,
+                 planned: np.ndarray, held: int = 0, phase: str = "prefill") -> np.ndarray:
+        """Prefill `prompt[start:]` onto caches holding `held` other tokens, then decode up to
+        one token per entry of `planned`; the tokens generated."""
+        raise NotImplementedError
 
     def _record(self, phase: str, work: int, cyclic: int = 0, held: int = 0) -> None:
         """End the step: one probe row; `held` counts bytes the engine itself holds (a real
@@ -114,55 +134,11 @@ class Engine:
             if part is not None:
                 logical += part.nbytes
                 host += getattr(part, "host_bytes", 0)  # a component without it holds none
-        self.probe.end(phase, self._request, self._turn, self._tokens, logical, host,
-                       self.geometry.minimum_bytes(self._tokens), work, cyclic)
+        self.probe.end(phase=phase, request=self._request, turn=self._turn, tokens=self._tokens,
+                       logical=logical, host=host, minimum=self.geometry.minimum_bytes(self._tokens),
+                       work=work, cyclic=cyclic)
         if self.progress is not None:
             self.progress(self.probe.steps)
-
-    def _forward(self, caches: list[LayerCache], tokens: int) -> int:
-        """One model step over every layer: fresh K/V in, cache update, evaluated together."""
-        outputs, work = [], 0
-        for layer, cache in zip(self.geometry.layers, caches, strict=True):
-            keys, values = self.source.make(layer, tokens)
-            work += self.source.input_bytes(layer, tokens)
-            outputs.append(cache.update_and_fetch(keys, values))
-        mx.eval(outputs)
-        return work
-
-    def generate(self, caches: list[LayerCache], prompt: np.ndarray, start: int,
-                 planned: np.ndarray, held: int = 0, phase: str = "prefill") -> np.ndarray:
-        """Prefill `prompt[start:]` onto caches holding `held` other tokens, then decode one
-        token per entry of `planned`; the tokens generated (here, the planned ones)."""
-        self.prefill(caches, prompt, start, held, phase)
-        self.decode(caches, len(planned))
-        return planned
-
-    def prefill(self, caches: list[LayerCache], prompt: np.ndarray, start: int, held: int = 0,
-                phase: str = "prefill") -> None:
-        """Prefill `prompt[start:]` in chunks onto caches already holding `held` other tokens."""
-        chunk = self.spec.workload.prefill_chunk
-        ids = tuple(prompt.tolist())
-        for pos in range(start, len(prompt), chunk):
-            done = min(pos + chunk, len(prompt))
-            self.probe.begin()
-            work = self._forward(caches, done - pos)
-            self._tokens = held + done
-            if self.store is not None:
-                self.store.on_prefill(ids[:done], done, caches)
-            self._record(phase, work)
-
-    def decode(self, caches: list[LayerCache], steps: int) -> None:
-        for _ in range(steps):
-            self.probe.begin()
-            work = self._forward(caches, 1)
-            if self.session is not None:
-                logits = self.source.logits(self.geometry.vocab)
-                mx.eval(logits)
-                work += logits.nbytes
-                self.session.keep_logits(logits)
-                del logits
-            self._tokens += 1
-            self._record("decode", work)
 
     def finished(self, caches: list[LayerCache]) -> list[LayerCache]:
         """The request's caches once it is served: the ones it was served in, here."""
@@ -250,7 +226,7 @@ class Engine:
             if finding:
                 gc.unfreeze()
 
-    def facts(self) -> dict[str, Any] | None:
+    def facts(self) -> ModelFacts | None:
         """What the summary reports about the model served (None: synthetic K/V, no model)."""
         return None
 
