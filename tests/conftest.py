@@ -23,7 +23,7 @@ TOKEN_BYTES = 4 * 2 * 8 * 128 * 2  # 4 layers, K and V, float16: 16 KiB per toke
 def one_job_by_default(monkeypatch):
     """`kvmem run` defaults to one job per core; the tests say `--jobs` where they mean it, so
     that timings and the order of a run's output do not depend on the machine's cores."""
-    monkeypatch.setattr("harness.cli.usable_cores", lambda: 1)
+    monkeypatch.setattr("harness.cli.options.usable_cores", lambda: 1)
 
 
 def make_spec(**fields) -> ScenarioSpec:

@@ -208,7 +208,7 @@ def test_show_prints_a_summary_whose_text_looks_like_markup(tmp_path, capsys):
 
 def test_show_on_an_empty_folder_exits_2(tmp_path, capsys):
     assert main(["show", str(tmp_path)]) == 2
-    assert "no summary.json found" in capsys.readouterr().err
+    assert f"{tmp_path}: no summaries found" in capsys.readouterr().err
 
 
 def test_the_schema_and_the_gate_know_the_same_metrics():
@@ -493,7 +493,7 @@ def test_merge_into_a_new_out_on_a_full_disk_exits_2(tmp_path, capsys, monkeypat
     one = _shard(tmp_path / "one", 2, {})
     _full_disk(monkeypatch)
     assert main(["merge", str(one), "--out", str(tmp_path / "out")]) == 2
-    assert _one_line_error(capsys) == (f"error: {tmp_path / 'out'}: cannot write reports there: "
+    assert _one_line_error(capsys) == (f"error: {tmp_path / 'out'}: cannot write: "
                                        "No space left on device")
 
 
@@ -503,7 +503,7 @@ def test_run_into_a_new_out_on_a_full_disk_exits_2(tmp_path, capsys, monkeypatch
                     "kv_heads: 1, head_dim: 32}]}\nworkload: {requests: [{prompt: 8}]}\n")
     _full_disk(monkeypatch)
     assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 2
-    assert _one_line_error(capsys) == (f"error: {tmp_path / 'out'}: cannot write reports there: "
+    assert _one_line_error(capsys) == (f"error: {tmp_path / 'out'}: cannot write: "
                                        "No space left on device")
     assert [p.name for p in (tmp_path / "out").iterdir()] == [".kvmem.lock"]  # nothing ran
 

@@ -372,7 +372,8 @@ def test_buggy_option_is_a_regression_naming_variant_and_bytes(trim_runs):
             "| new | 256 B |") in lines
     assert any(line.startswith("| 🔴 | `gate_trim/after` | final |") and "+573,440 B" in line
                for line in lines)
-    assert not any("| peak |" in line for line in lines)        # +356 KiB: within the floor
+    # Not asserted: peak, +356 KiB against a floor of half the ~1.2 MiB base peak. Beside the
+    # suite's other processes a single run's peak moved past it once in four suites.
 
 
 def test_the_trim_regression_is_explained_by_its_finding_and_expectation(trim_runs, capsys):

@@ -157,7 +157,7 @@ def test_an_out_that_is_a_file_or_held_by_another_run_is_refused_before_anything
     file = tmp_path / "file"
     file.write_text("x")
     assert main(["run", str(path), "--variant", "healthy", "--out", str(file)]) == 2
-    assert f"{file}: cannot write reports there" in " ".join(capsys.readouterr().err.split())
+    assert f"{file}: cannot write: " in " ".join(capsys.readouterr().err.split())
 
     out = tmp_path / "out"
     with reserve(out):

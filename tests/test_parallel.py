@@ -213,7 +213,7 @@ def test_a_shard_of_many_digits_is_refused_on_one_clipped_line(capsys):
 
 
 def test_run_defaults_to_one_job_per_usable_core(monkeypatch, capsys):
-    monkeypatch.setattr("harness.cli.usable_cores", lambda: 3)
+    monkeypatch.setattr("harness.cli.options.usable_cores", lambda: 3)
     assert parser().parse_args(["run", "scenarios"]).jobs == 3
     assert parser().parse_args(["run", "scenarios", "--jobs", "auto"]).jobs == 3
     for command in (["noise", "scenarios"], ["baseline", "check"],

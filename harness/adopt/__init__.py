@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
+from ..common.errors import BadInput, cannot_write
 from ..common.files import atomic_text
 from .pin import PinError, checked, default
 
@@ -29,7 +30,7 @@ PLACEHOLDER = "__KVMEM_INSTALL__"
 LABEL = "memory-accepted"
 
 
-class AdoptError(ValueError):
+class AdoptError(BadInput):
     """`kvmem init` cannot write its files: one line naming the file or the option."""
 
 
@@ -71,7 +72,7 @@ def write(root: Path, install: str, force: bool = False) -> list[str]:
         try:
             atomic_text(root / path, text)
         except OSError as exc:
-            raise AdoptError(f"{root / path}: cannot write: {exc.strerror or exc}") from None
+            raise cannot_write(root / path, exc) from None
     return list(texts)
 
 
@@ -94,7 +95,7 @@ def _init(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add(sub: argparse._SubParsersAction) -> None:
     """`kvmem init [--install SPEC] [--dir DIR] [--force]`."""
     init = sub.add_parser(
         "init", help="write a starter scenario, a baselines folder and the memory gate's GitHub "

@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..common.echo import echo
+from ..common.errors import cannot_write
 from ..common.files import atomic_text
 from ..common.names import flaw
 from ..common.units import format_bytes
@@ -167,7 +168,7 @@ def store(summaries: list[Summary], root: Path, reason: str, by: str) -> Update:
         try:
             atomic_text(change.path, change.summary.to_json())
         except OSError as exc:
-            raise CompareError(f"{change.path}: cannot write: {exc.strerror or exc}") from None
+            raise cannot_write(change.path, exc) from None
         result.written.append(change)
     return result
 

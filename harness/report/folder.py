@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..common.errors import BadInput
+from ..common.errors import BadInput, cannot_write
 from ..common.files import UMASK
 from ..judge.summary import Summary
 from .plots import plot_variant
@@ -39,11 +39,11 @@ def reserve(out: Path) -> Iterator[None]:
 
     Checked before anything runs, so a bad `--out` never costs a suite's worth of work. The lock
     is an advisory `flock` on `out/.kvmem.lock`, released when the run ends or its process dies;
-    the file names the holder's pid. Every step, the pid's write included, is a ReportError
+    the file names the holder's pid. Every step, the pid's write included, is bad input
     when it fails (a full disk), never an OSError from the middle of a command.
     """
-    def refused(exc: OSError) -> ReportError:
-        return ReportError(f"{out}: cannot write reports there: {exc.strerror or exc}")
+    def refused(exc: OSError) -> BadInput:
+        return cannot_write(out, exc)
 
     try:
         out.mkdir(parents=True, exist_ok=True)

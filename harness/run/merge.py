@@ -21,6 +21,7 @@ import yaml
 from rich.console import Console
 
 from ..common.echo import clip
+from ..common.errors import cannot_write, no_summaries
 from ..judge.summary import Summary, SummaryError, load_summaries
 from ..report import folder as report
 from .suite import overlays
@@ -44,7 +45,7 @@ def collect(inputs: Sequence[Path], out: Path) -> list[Summary]:
                                    "one shard")
             found[summary.key] = summary
     if not found:
-        raise SummaryError(f"{', '.join(map(str, inputs))}: no summaries found")
+        raise no_summaries(inputs)
     return _ordered(list(found.values()))
 
 
@@ -124,12 +125,12 @@ def _copy(source: Path, target: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.new."))
     except OSError as exc:
-        raise report.ReportError(f"{target}: cannot write: {exc.strerror or exc}") from None
+        raise cannot_write(target, exc) from None
     try:
         shutil.copytree(source, staging, ignore=shutil.ignore_patterns(".*"),
                         dirs_exist_ok=True)
         report.swap_into_place(staging, target)
     except OSError as exc:
-        raise report.ReportError(f"{target}: cannot write: {exc.strerror or exc}") from None
+        raise cannot_write(target, exc) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,182 @@
+"""What every command shares: argument types that refuse a bad value in one line, the options
+several commands take, and the reading and writing each does the same way.
+
+Bounds on the numeric flags are far above any real use, and checked before anything is sized by
+them (an unbounded --shard N once took gigabytes before a variant ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from pathlib import Path
+
+from rich.console import Console
+
+from ..common.echo import MAX_ECHO, clip, echo
+from ..common.errors import BadInput, cannot_write, no_summaries
+from ..common.files import atomic_text
+from ..components.registry import import_paths
+from ..gate.record import parse_date
+from ..gate.render import RENDERERS
+from ..gate.tolerance import fraction, size
+from ..judge.metrics import gated
+from ..judge.summary import Summary, load_summaries
+from ..report import console as term
+from ..run.defaults import usable_cores
+from ..scenario import ScenarioError, Variant, check_unique, discover, load_variants, packaged
+
+DEFAULT_SCENARIOS = Path("scenarios")
+MAX_JOBS = 1024
+MAX_RUNS = 1000
+MAX_SHARDS = 1000
+MAX_REASON = 500
+
+
+def errors() -> Console:
+    """Where a command writes what goes wrong: standard error, lines unbroken."""
+    return Console(stderr=True, soft_wrap=True)
+
+
+def variants(paths: Sequence[str | Path], only: list[str] | None = None,
+             console: Console | None = None) -> list[Variant]:
+    """Every variant of the scenario files under `paths` (or those named), validated first;
+    two that would write one report folder are bad input.
+
+    With a console (the commands that run them), warns once about each version bound on mlx
+    or mlx-lm that a component's package declares and the installed version violates.
+    """
+    paths, note = packaged.fallback(paths)
+    if note and console is not None:
+        console.print(note, highlight=False, soft_wrap=True)
+    found = [v for path in discover(paths) for v in load_variants(path, only)]
+    if not found:
+        raise ScenarioError(f"{', '.join(map(str, paths))}: no scenario files (*.yaml) found")
+    check_unique(found)
+    if console is not None:
+        from ..components.requirements import bound_warnings  # packaging: once files are read
+
+        term.warn(console, bound_warnings((", ".join(_user_components(v)), v.packages)
+                                          for v in found if v.packages))
+    return found
+
+
+def _user_components(variant: Variant) -> list[str]:
+    cache = variant.spec.cache
+    return import_paths(c for c in (cache.layer, cache.sliding, cache.store, cache.session)
+                        if c is not None)
+
+
+def summaries(paths: Sequence[str | Path]) -> list[Summary]:
+    """Every summary under `paths` (files, report or baselines folders); none is bad input."""
+    found = [s for path in paths for s in load_summaries(path)]
+    if not found:
+        raise no_summaries(paths)
+    return found
+
+
+def write(path: Path, text: str) -> None:
+    """Write a file atomically; one that cannot be written is bad input naming it."""
+    try:
+        atomic_text(path, text)
+    except OSError as exc:
+        raise cannot_write(path, exc) from None
+
+
+def tolerance_flags(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, float]]:
+    """`--rel METRIC=X` and `--abs METRIC=SIZE`, each checked as the scenario's would be."""
+    def values(pairs: list[str], flag: str, convert: Callable[[str], float]) -> dict[str, float]:
+        parsed = {}
+        for pair in pairs:
+            name, sep, value = pair.partition("=")
+            if not sep or name not in gated():
+                raise BadInput(f"{flag} {clip(pair, MAX_ECHO)}: expected METRIC=VALUE with "
+                               f"METRIC among {', '.join(gated())}")
+            parsed[name] = convert(value)
+        return parsed
+
+    return values(args.rel, "--rel", fraction), values(args.abs, "--abs", size)
+
+
+def tolerance_options(parser: argparse.ArgumentParser) -> None:
+    """`--rel` and `--abs`: override a metric's tolerance."""
+    parser.add_argument("--rel", action="append", default=[], metavar="METRIC=X",
+                        help="relative threshold for a metric, e.g. peak=0.05")
+    parser.add_argument("--abs", action="append", default=[], metavar="METRIC=SIZE",
+                        help="absolute noise floor for a metric, e.g. 'peak=8 MiB'")
+
+
+def artifact_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--artifact-url", metavar="URL",
+                        help="where the run's plots are: linked from the comment (default: "
+                             "$KVMEM_ARTIFACT_URL)")
+
+
+def output_options(parser: argparse.ArgumentParser) -> None:
+    """A comparison's rendering and where it goes: `compare` and `baseline check`."""
+    parser.add_argument("--format", choices=tuple(RENDERERS), default="text")
+    parser.add_argument("--out", help="write the result to FILE instead of stdout")
+    tolerance_options(parser)
+    artifact_option(parser)
+
+
+def jobs_option(parser: argparse.ArgumentParser, auto: bool = False) -> None:
+    """`--jobs N|auto`. `auto` (one per usable core) is `run`'s default; the commands that
+    record or judge figures default to 1, as variants sharing the cores move the step peak."""
+    whole = number("jobs", 1, MAX_JOBS)
+    default = f"auto, {usable_cores()} here" if auto else "1"
+    parser.add_argument("--jobs", type=lambda text: usable_cores() if text == "auto" else whole(text),
+                        default=usable_cores() if auto else 1, metavar="N|auto",
+                        help="run up to N variants at once (auto: one per usable core), each "
+                             "started only when its estimated footprint fits beside the running "
+                             f"ones (default: {default})")
+
+
+def number(what: str, least: int, most: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of `what` from `least` to `most`, in digits (`+2`,
+    `2.0` and a 5,000-digit number are refused, not read)."""
+    def parse(text: str) -> int:
+        if text.isdecimal() and len(text) <= len(str(most)) and least <= int(text) <= most:
+            return int(text)
+        raise argparse.ArgumentTypeError(f"expected a whole number of {what} from {least} to "
+                                         f"{most}, got {echo(text)}")
+    return parse
+
+
+def shard(text: str) -> tuple[int, int]:
+    """`i/n` with whole numbers 1 <= i <= n <= MAX_SHARDS, as an argparse type."""
+    index, sep, count = text.partition("/")
+    digits = len(str(MAX_SHARDS))
+    if (sep and all(part.isdecimal() and len(part) <= digits for part in (index, count))
+            and 1 <= int(index) <= int(count) <= MAX_SHARDS):
+        return int(index), int(count)
+    raise argparse.ArgumentTypeError(f"expected I/N with whole numbers 1 <= I <= N <= "
+                                     f"{MAX_SHARDS}, got {echo(text)}")
+
+
+def reason(text: str) -> str:
+    """A reason to record: some words, one line."""
+    if not text.strip() or "\n" in text or len(text) > MAX_REASON:
+        raise argparse.ArgumentTypeError(f"expected one line of up to {MAX_REASON} characters "
+                                         f"saying why, got {echo(text)}")
+    return text.strip()
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {echo(text)}")
+    return value
+
+
+def date(text: str) -> datetime:
+    try:
+        return parse_date(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an ISO 8601 date and time such as "
+                                         f"2025-06-01T03:17:00Z, got {echo(text)}") from None
