@@ -36,7 +36,8 @@ import mlx_lm.models
 from mlx_lm.models import cache as mlx_cache
 from mlx_lm.utils import load as load_folder
 
-from reference_impl.rotating import PreallocatedBatchRotatingKVCache, PreallocatedRotatingKVCache
+from reference_impl.rotating import PreallocatedRotatingKVCache
+from reference_impl.rotating_batch import PreallocatedBatchRotatingKVCache
 
 
 class RotatingKVCache(PreallocatedRotatingKVCache):

@@ -110,3 +110,22 @@ def test_a_layer_is_found_by_its_longest_package():
     assert layer("harness") == 0 and layer("harness.cli") == 0
     assert layer("harness.run.suite") == LAYERS.index(("harness.run",))
     assert layer("harness.common.units") == len(LAYERS) - 1
+
+
+PRODUCT = (HARNESS, HARNESS.parent / "reference_impl")
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 50
+
+
+def test_no_module_or_function_outgrows_a_reading():
+    """A module over 500 lines or a function over 50 holds more than one concept: split it."""
+    too_long = []
+    for path in (p for root in PRODUCT for p in sorted(root.rglob("*.py"))):
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            too_long.append(f"{path.name}: {len(text.splitlines())} lines")
+        too_long += [f"{path.name}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1}"
+                     for node in ast.walk(ast.parse(text))
+                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert too_long == []

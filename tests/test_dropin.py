@@ -15,7 +15,8 @@ from mlx_lm.models import gemma3_text, llama
 from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.cache import BatchRotatingKVCache, KVCache, RotatingKVCache
 
-from reference_impl.rotating import PreallocatedBatchRotatingKVCache, PreallocatedRotatingKVCache
+from reference_impl.rotating import PreallocatedRotatingKVCache
+from reference_impl.rotating_batch import PreallocatedBatchRotatingKVCache
 from reference_impl.turboquant import TurboQuantKVCache, dequantize, quantize
 
 H, D, Q = 2, 32, 4  # kv heads, head dim, query heads

@@ -116,3 +116,21 @@ def test_sliding_layers_hold_their_window_and_recurrent_layers_a_fixed_state():
     assert figures["minimum"] == 2 * 128 * token + 65536 + 264 * token
     assert figures["steady"] == 2 * 128 * token + 65536 + 512 * token
     assert not [f for f in findings if f.kind in ("leak", "retained", "host_memory")]
+
+
+def test_an_engine_is_one_module_and_one_entry(monkeypatch):
+    """Registered in the table the schema reads, a module implementing the engine protocol is
+    validated, sized, created and served, and its rows are judged as any engine's."""
+    from harness.run.isolation import estimate_bytes
+    from harness.scenario.engines import ENGINES, EngineEntry
+    from tests.conftest import serve_with_engine
+    from tests.fixtures.quiet_engine import ESTIMATE, QuietEngine
+
+    monkeypatch.setitem(ENGINES, "quiet", EngineEntry("tests.fixtures.quiet_engine:QuietEngine",
+                                                      real_model=False, http=False))
+    spec = make_spec(engine="quiet", workload={"requests": [{"prompt": 8}] * 3})
+    assert estimate_bytes(spec) == ESTIMATE
+    engine, frame, findings, figures = serve_with_engine(spec)
+    assert isinstance(engine, QuietEngine)
+    assert frame["phase"].tolist() == ["idle"] * 4 and findings == []
+    assert (figures["steps"], figures["final"]) == (4, 0)

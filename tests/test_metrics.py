@@ -4,11 +4,13 @@ metric; nothing else changes when one is added."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from harness.gate import compare as cmp
 from harness.gate import history
-from harness.gate.render import render_json, render_markdown, render_text
+from harness.gate.formats import render_json
+from harness.gate.render import render_markdown, render_text
 from harness.judge import metrics
 from harness.judge.metrics import EXACT_KIND, HIGHER, METRICS, Gate, Metric
 from harness.judge.summary import parse
@@ -44,6 +46,31 @@ def test_a_registered_metric_is_compared_and_rendered(monkeypatch):
     feed = history.benchmark_entries([head])
     assert {"name": "s/v cache_at_end", "unit": "bytes", "value": 3 * MiB} \
         .items() <= next(e for e in feed if e["name"] == "s/v cache_at_end").items()
+
+
+def test_a_registered_metric_is_shown_and_bounded(tmp_path, monkeypatch, capsys):
+    """With a column, `kvmem show` (and `run`) shows it; with a budget, a scenario bounds it
+    under `expect:`, checked in the registry's order after the others."""
+    from harness.cli import main
+    from harness.judge.expect import check
+
+    monkeypatch.setitem(METRICS, "cache_at_end", replace(CACHE_AT_END, column=True,
+                                                         budget="cache_at_end"))
+    spec = make_spec(workload={"requests": [{"prompt": 64, "decode": 4}]},
+                     expect={"cache_at_end": "1 B"})
+    _, findings, figures = serve(spec)
+    (bound,) = [e for e in check(spec.expect, findings, figures) if e.name == "cache_at_end"]
+    assert (bound.expected, bound.ok) == ("<= 1 B", figures["cache_at_end"] <= 1)
+    path = tmp_path / "s" / "v" / "summary.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(summary("s", "v", cache_at_end=3 * MiB)))
+    assert main(["show", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    (header,) = [line for line in lines if "┃ scenario" in line]
+    (row,) = [line for line in lines if line.startswith("│ s ")]
+    columns = [cell.strip() for cell in header.strip("┃").split("┃")]
+    assert [cell.strip() for cell in row.strip("│").split("│")][columns.index(
+        "cache_at_end MiB")] == "3.0"
 
 
 def test_a_metric_missing_from_an_older_summary_is_not_compared(monkeypatch):

@@ -25,7 +25,8 @@ from harness.run.recurrent import RecurrentState
 from reference_impl.chat import ChatSession
 from reference_impl.paged_ssd import PagedSSDStore
 from reference_impl.prefix_cache import PrefixCache
-from reference_impl.rotating import PreallocatedBatchRotatingKVCache, PreallocatedRotatingKVCache
+from reference_impl.rotating import PreallocatedRotatingKVCache
+from reference_impl.rotating_batch import PreallocatedBatchRotatingKVCache
 from reference_impl.turboquant import TurboQuantKVCache
 from tests.conftest import TOKEN_BYTES, make_spec, serve
 

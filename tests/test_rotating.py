@@ -7,12 +7,8 @@ import pytest
 from mlx_lm.models.cache import BatchRotatingKVCache, RotatingKVCache
 
 from harness.models.geometry import LayerSpec
-from reference_impl.rotating import (
-    PreallocatedBatchRotatingKVCache,
-    PreallocatedRotatingKVCache,
-    batch_rotating,
-    rotating,
-)
+from reference_impl.rotating import PreallocatedRotatingKVCache, rotating
+from reference_impl.rotating_batch import PreallocatedBatchRotatingKVCache, batch_rotating
 from tests.conftest import active
 
 H, D = 2, 64

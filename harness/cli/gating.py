@@ -15,8 +15,9 @@ from rich.markup import escape
 from ..common.errors import BadInput
 from ..gate import baseline
 from ..gate.compare import Comparison, compare, head_failed
+from ..gate.formats import RENDERERS
 from ..gate.policy import ACCEPT_LABEL
-from ..gate.render import RENDERERS, render_text
+from ..gate.render import render_text
 from ..judge.summary import Summary, checked, load_summaries
 from ..report import console as term
 from . import options

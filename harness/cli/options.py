@@ -19,8 +19,8 @@ from ..common.echo import MAX_ECHO, clip, echo
 from ..common.errors import BadInput, cannot_write, no_summaries
 from ..common.files import atomic_text
 from ..components.registry import import_paths
+from ..gate.formats import RENDERERS
 from ..gate.record import parse_date
-from ..gate.render import RENDERERS
 from ..gate.tolerance import fraction, size
 from ..judge.metrics import gated
 from ..judge.summary import Summary, load_summaries

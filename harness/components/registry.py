@@ -26,7 +26,7 @@ REGISTRY: dict[str, str] = {
     "mlx_lm.BatchRotatingKVCache": "harness.components.adapters:batch_rotating_kv_cache",
     "mlx_lm.QuantizedKVCache": "harness.components.adapters:quantized_kv_cache",
     "reference.rotating": "reference_impl.rotating:rotating",
-    "reference.batch_rotating": "reference_impl.rotating:batch_rotating",
+    "reference.batch_rotating": "reference_impl.rotating_batch:batch_rotating",
     "reference.prefix_cache": "reference_impl.prefix_cache:prefix_cache",
     "reference.paged_ssd": "reference_impl.paged_ssd:PagedSSDStore",
     "reference.turboquant": "reference_impl.turboquant:turboquant",

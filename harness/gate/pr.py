@@ -115,37 +115,50 @@ def _yardstick(comparison: Comparison) -> list[Change]:
                       for e in comparison.having(REMOVED)]
 
 
-def _accept(entry: Entry, rerecorded: dict[tuple, Summary], accepted: bool) -> None:
-    """Accept a metric regression whose baseline the pull request re-records, where the run
-    matches the new baseline and the acceptance is given; else say what is missing."""
-    assert entry.head is not None
-    new = rerecorded.get((*entry.head.key, entry.head.backend))
-    if new is None:
-        return
-    if compare([new], [entry.head]).regressions:
-        entry.note = "its run does not match the baseline this pull request records either"
-    elif accepted:
+def _accept(entry: Entry, new: Summary, accepted: bool) -> None:
+    """Accept a metric regression whose baseline the pull request re-records to what its run
+    measures, where the acceptance is given; else say what is missing."""
+    said = f" (by {new.recorded.by}: {new.recorded.reason})" if new.recorded else ""
+    if accepted:
         entry.accepted = True
-        entry.note = "accepted: the pull request re-records its baseline"
+        entry.note = f"accepted: the pull request re-records its baseline{said}"
     else:
-        entry.note = (f"its baseline is re-recorded here: a maintainer accepts it with the "
+        entry.note = (f"its baseline is re-recorded here{said}: a maintainer accepts it with the "
                       f"`{ACCEPT_LABEL}` label")
+
+
+def _listed_once(changes: list[Change], entries: list[Entry], rerecorded: dict[tuple, Summary],
+                 accepted: bool) -> list[Change]:
+    """The changes, less each re-recorded figure that its variant's row already shows: where a
+    baseline is re-recorded to what the run measures, `baseline peak 1 → 3 MiB` is the delta
+    row `peak 1 → 3 MiB` again. The entry says who re-recorded it and why, and whether it is
+    accepted; a run that does not match its new baseline keeps both and fails."""
+    shown: dict[str, set[str]] = {}
+    for entry in entries:
+        new = rerecorded.get((*entry.head.key, entry.head.backend)) if entry.head else None
+        if new is None or entry.head is None or entry.failure is not None:
+            continue
+        if compare([new], [entry.head]).regressions:
+            entry.note = "its run does not match the baseline this pull request records either"
+            continue
+        shown[entry.label] = {f"baseline {d.metric}" for d in entry.changed}
+        if entry.verdict == "regression":
+            _accept(entry, new, accepted)
+    return [c for c in changes if c.what not in shown.get(c.label, set())]
 
 
 def judge(comparison: Comparison, old: Baselines, new: Baselines, accepted: bool) -> Comparison:
     """`comparison` (the head's runs against the baselines at the base) with the changes the
-    pull request makes to them, and the acceptance applied."""
+    pull request makes to them, each listed once, and the acceptance applied."""
     changes = baseline_changes(old, new)
     seen = {(c.label, c.what, c.old, c.new) for c in changes}
     changes += [c for c in _yardstick(comparison) if (c.label, c.what, c.old, c.new) not in seen]
-    comparison.changes, comparison.accepted = changes, accepted
     refused = {c.label for c in changes if c.refused}
     rerecorded = {(*s.key, s.backend): s for path, s in new.items()
-                  if old.get(path) is None or old[path].to_json() != s.to_json()}
-    for entry in comparison.entries:
-        if (entry.verdict == "regression" and entry.failure is None and entry.head is not None
-                and entry.label not in refused):
-            _accept(entry, rerecorded, accepted)
+                  if (old.get(path) is None or old[path].to_json() != s.to_json())
+                  and s.label not in refused}
+    comparison.changes = _listed_once(changes, comparison.entries, rerecorded, accepted)
+    comparison.accepted = accepted
     return comparison
 
 

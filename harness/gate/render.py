@@ -1,7 +1,6 @@
-"""Renderings of a comparison: terminal text, a pull-request comment, JSON and JUnit XML.
-
-Each is a function from a `Comparison` to text, registered in `RENDERERS` under its `--format`
-name; `compare` and `baseline check` take their `--format` choices from that registry.
+"""Renderings of a comparison for people: terminal text and a pull-request comment, and the
+wording they share with the renderings for machines (harness.gate.formats, where every
+rendering is registered under its `--format` name).
 
 The markdown comment is read by a maintainer in a few seconds: the verdict first (and, right
 under it, whether the head changed the tolerances or expectations it is judged by), then only
@@ -9,21 +8,12 @@ what changed, then why each regressed variant regressed in its own run's words (
 messages, the expectations that fail, a link to the plots); the rest is folded. It starts with
 a hidden marker so a workflow can find and update its own comment, and is capped at
 COMMENT_LIMIT characters, well under GitHub's 65,536.
-
-The JSON carries `schema` (JSON_SCHEMA) and the verdict; the JUnit XML follows the junit-10
-schema (Jenkins xUnit): every required attribute, a `failure` per regression and an `error` per
-run that failed in the head.
 """
 
 from __future__ import annotations
 
-import json
-import xml.etree.ElementTree as ET
-from datetime import datetime, timezone
-
 from ..common.units import format_bytes
 from ..judge.metrics import BYTES, METRICS, gated
-from ..judge.summary import Noise
 from .compare import (
     COMPARED,
     FAILED,
@@ -37,7 +27,6 @@ from .compare import (
 from .policy import ACCEPT_LABEL, Change
 from .tolerance import SMALL_FRACTION, Tolerance
 
-JSON_SCHEMA = 1  # the version of render_json's layout; bumped when a field changes meaning
 MARKER = "<!-- kvmem-memory-delta -->"
 COMMENT_LIMIT = 50_000
 ICONS = {"regression": "🔴", "improvement": "🟢", "unchanged": "⚪"}
@@ -75,7 +64,7 @@ def format_tolerance(metric: str, tolerance: Tolerance) -> str:
     return text
 
 
-def _source(tolerance: Tolerance) -> str:
+def tolerance_source(tolerance: Tolerance) -> str:
     if tolerance.noise is not None:
         return "measured noise"
     return "configured" if tolerance.size is None else "scenario size"
@@ -265,7 +254,7 @@ def failed_expectations(entry: Entry) -> list[dict]:
             for e in entry.head.failed_expectations]
 
 
-def _reasons(entry: Entry, code: str = "`") -> list[str]:
+def reasons(entry: Entry, code: str = "`") -> list[str]:
     """Why a variant regressed, in its head run's own words."""
     lines = [entry.note] if entry.note and entry.failure is None else []
     lines += [f"finding {code}{f['kind']}{code}{' (new)' if f['new'] else ''}: {f['message']}"
@@ -276,11 +265,16 @@ def _reasons(entry: Entry, code: str = "`") -> list[str]:
     return lines
 
 
+def _accepted_lines(comparison: Comparison, code: str = "`") -> list[str]:
+    """One line per variant whose change the pull request accepts, saying how (its note)."""
+    return [f"✅ {code}{e.label}{code}: {e.note}" for e in comparison.entries if e.accepted]
+
+
 def _explained(comparison: Comparison) -> list[Entry]:
     """The regressed variants whose head ran, and has something to say (findings, failed
     expectations, or plots to link)."""
     return [e for e in comparison.regressions if e.head is not None and e.head.ok
-            and (comparison.artifact_url or _reasons(e))]
+            and (comparison.artifact_url or reasons(e))]
 
 
 def render_text(comparison: Comparison) -> str:
@@ -295,12 +289,13 @@ def render_text(comparison: Comparison) -> str:
     url = comparison.artifact_url
     for entry in _explained(comparison):
         lines.append(f"  why {entry.label}:")
-        lines += [f"    {line}" for line in _reasons(entry, code="")
+        lines += [f"    {line}" for line in reasons(entry, code="")
                   + ([f"plots: {url}"] if url else [])]
     if url and not _explained(comparison):
         lines.append(f"  plots: {url}")
     lines += [f"  {line}" for line in _state_lines(comparison, code="")
-              + _noise_lines(comparison, code="") + _change_lines(comparison)]
+              + _noise_lines(comparison, code="") + _change_lines(comparison)
+              + _accepted_lines(comparison, code="")]
     return "\n".join(lines) + "\n"
 
 
@@ -329,11 +324,13 @@ def render_markdown(comparison: Comparison, limit: int = COMMENT_LIMIT) -> str:
                           f"{format_tolerance(d.metric, d.tolerance)} |"
                           for e, d in changed], [""]))
     sections += _change_sections(comparison)
+    if accepted := _accepted_lines(comparison):
+        sections.append(([], [f"- {line}" for line in accepted], [""]))
     url, explained = comparison.artifact_url, _explained(comparison)
     if explained:
         sections.append((["Why, in the head run's own words:", ""],
                          [line for e in explained for line in
-                          [f"- `{e.label}`"] + [f"  - {reason}" for reason in _reasons(e)]
+                          [f"- `{e.label}`"] + [f"  - {reason}" for reason in reasons(e)]
                           + ([f"  - plots: {url}"] if url else [])], [""]))
     elif url:
         sections.append(([f"plots: {url}", ""], [], []))
@@ -381,116 +378,3 @@ def _fit(sections: list[tuple[list[str], list[str], list[str]]], limit: int) -> 
     if dropped:
         lines.append(note.format(dropped))
     return "\n".join(lines) + "\n"
-
-
-def _noise_json(noise: Noise | None) -> dict | None:
-    return None if noise is None else {"spread": noise.spread, "runs": noise.runs}
-
-
-def _metric_json(d: MetricDelta) -> dict:
-    """A metric's delta, the tolerance applied (with the spread or the scenario size that set
-    it, if one did) and the spread each side recorded."""
-    tolerance = {"rel": d.tolerance.rel, "abs": d.tolerance.abs, "source": _source(d.tolerance),
-                 "noise": _noise_json(d.tolerance.noise), "size": d.tolerance.size,
-                 "text": format_tolerance(d.metric, d.tolerance)}
-    return {"base": d.base, "head": d.head, "delta": d.delta, "relative": d.relative,
-            "new": d.new, "verdict": d.verdict, "tolerance": tolerance,
-            "noise": {"base": _noise_json(d.base_noise), "head": _noise_json(d.head_noise)}}
-
-
-def _entry_json(entry: Entry) -> dict:
-    return {
-        "scenario": entry.scenario, "variant": entry.variant, "state": entry.state,
-        "verdict": entry.verdict, "accepted": entry.accepted, "failure": entry.failure,
-        "note": entry.note, "policy": [p.name for p in entry.policy],
-        "base": str(entry.base.path) if entry.base else None,
-        "head": str(entry.head.path) if entry.head else None,
-        "metrics": {d.metric: _metric_json(d) for d in entry.deltas},
-        "findings": findings(entry), "failed_expectations": failed_expectations(entry),
-    }
-
-
-def _change_json(change: Change, accepted: bool) -> dict:
-    recorded = change.recorded
-    return {"variant": change.label, "what": change.what, "old": change.old, "new": change.new,
-            "loosens": change.loosens, "status": change.status(accepted),
-            "why": why_not(change, accepted) or None,
-            "recorded": None if recorded is None else
-            {"by": recorded.by, "at": recorded.at, "reason": recorded.reason}}
-
-
-def render_json(comparison: Comparison) -> str:
-    return json.dumps({"schema": JSON_SCHEMA, "verdict": comparison.verdict,
-                       "exit_status": comparison.exit_code, "headline": headline(comparison),
-                       "head_failure": comparison.head_failure,
-                       "artifact_url": comparison.artifact_url, "notes": comparison.notes,
-                       "policy_changes": {e.label: [p.name for p in e.policy]
-                                          for e in comparison.policy_changes},
-                       "accepted": comparison.accepted,
-                       "changes": [_change_json(c, comparison.accepted) for c in comparison.changes],
-                       "entries": [_entry_json(e) for e in comparison.entries]}, indent=1) + "\n"
-
-
-def _seconds(entry: Entry) -> float:
-    """How long the head's run of a variant took (0 when it has none)."""
-    wall = entry.head.metrics.get("wall_s") if entry.head else None
-    return wall if isinstance(wall, (int, float)) and wall >= 0 else 0.0
-
-
-def render_junit(comparison: Comparison) -> str:
-    """One test case per variant: a regression is a `failure`, a head run that failed where the
-    base ran an `error`, one-sided or incomparable variants are `skipped`. A head that produced
-    no summaries adds a `head` case with an `error`. Valid against junit-10.xsd: testsuite
-    carries name, tests, failures and errors (required), skipped, time and timestamp; testcase
-    name, classname and time."""
-    cases = []
-    for entry in comparison.entries:
-        case = ET.Element("testcase", name=entry.variant, classname=f"kvmem.{entry.scenario}",
-                          time=f"{_seconds(entry):.3f}")
-        if entry.verdict == "regression" and entry.state == FAILED:
-            ET.SubElement(case, "error", message=entry.note, type="run-failed").text = entry.note
-        elif entry.verdict == "regression":
-            details = [f"{d.metric}: {' -> '.join(format_pair(d))} "
-                       f"({format_value(d.metric, d.delta, True)}, {format_percent(d)})"
-                       for d in entry.changed if d.verdict == "regression"]
-            text = details + _reasons(entry, code="")
-            if comparison.artifact_url:
-                text.append(f"plots: {comparison.artifact_url}")
-            ET.SubElement(case, "failure", message="; ".join(details) or entry.failure or entry.note,
-                          type="memory-regression").text = "\n".join(text)
-        elif entry.state != COMPARED:
-            ET.SubElement(case, "skipped", message=f"{entry.state}: {entry.note}".rstrip(": "))
-        cases.append(case)
-    rejected = [f"{c.label} {c.what} {c.old} -> {c.new}: {why_not(c, comparison.accepted)}"
-                for c in comparison.rejected]
-    if rejected:
-        case = ET.Element("testcase", name="yardstick", classname="kvmem", time="0.000")
-        ET.SubElement(case, "failure", message=rejected[0],
-                      type="rejected-change").text = "\n".join(rejected)
-        cases.append(case)
-    if comparison.head_failure is not None:
-        case = ET.Element("testcase", name="head", classname="kvmem", time="0.000")
-        message = headline(comparison).removeprefix("🔴 kvmem: ")
-        ET.SubElement(case, "error", message=message, type="head-failed").text = message
-        cases.append(case)
-    count = {kind: str(sum(c.find(kind) is not None for c in cases))
-             for kind in ("failure", "error", "skipped")}
-    seconds = f"{sum(_seconds(e) for e in comparison.entries):.3f}"
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
-    suite = ET.Element("testsuite", name="kvmem-memory", tests=str(len(cases)),
-                       failures=count["failure"], errors=count["error"],
-                       skipped=count["skipped"], time=seconds, timestamp=stamp)
-    suite.extend(cases)
-    root = ET.Element("testsuites", name="kvmem", tests=str(len(cases)),
-                      failures=count["failure"], errors=count["error"], time=seconds)
-    root.append(suite)
-    ET.indent(root)
-    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
-
-
-RENDERERS = {"text": render_text, "markdown": render_markdown, "json": render_json,
-             "junit": render_junit}
-
-
-def render(comparison: Comparison, fmt: str) -> str:
-    return RENDERERS[fmt](comparison)
