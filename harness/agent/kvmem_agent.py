@@ -48,7 +48,13 @@ from typing import Any, NamedTuple
 PROTOCOL = 1
 VARIABLES = ("KVMEM_AGENT", "KVMEM_AGENT_KEY", "KVMEM_AGENT_PERIOD", "KVMEM_AGENT_LOGICAL",
              "KVMEM_AGENT_PLUGINS")
-PHASES = ("serve", "request", "idle")
+# What a sample's process was doing: a step of kvmem's own loop (at rest, a prefill chunk, a
+# decode step, a store's fetch, store or eviction), or in a server a request boundary ("request")
+# and the samples taken on the period ("serve"). While a server's requests are in flight, its
+# logical size is what it stores, not its requests' working memory: those rows are judged at
+# rest only.
+PHASES = ("idle", "prefill", "decode", "fetch", "store", "evict", "request", "serve")
+IN_FLIGHT = ("request", "serve")
 
 
 class Sample(NamedTuple):

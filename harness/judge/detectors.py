@@ -54,10 +54,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from ..agent.kvmem_agent import IN_FLIGHT
 from ..common.strict import Strict, registered
 from ..common.units import Size, mib
 from .frames import (
-    IN_FLIGHT,
     point_name,
     quiescent,
     spike_ratios,

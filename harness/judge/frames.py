@@ -1,7 +1,8 @@
 """One run's samples as the detectors and metrics read them: the rows at rest, the transient
 of each step, and what neither the components nor cycle garbage account for.
 
-A frame has one row per step (harness.run.probe.ROW): `active` (a), the step's `peak` (p),
+A frame has one row per step (harness.run.probe.ROW; its phases are the sample's own,
+harness.agent.kvmem_agent.PHASES): `active` (a), the step's `peak` (p),
 the components' `logical` bytes (l), the analytic `minimum`, the step's own input `work`,
 `cache`, `rss`, and at idle samples `cyclic` (c). Bytes are taken above the run's baseline b,
 its first sample. numpy and pandas are imported where a frame is read: the scenario schema
@@ -13,13 +14,10 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
+from ..agent.kvmem_agent import IN_FLIGHT
+
 if TYPE_CHECKING:
     import pandas as pd
-
-# A server's rows while requests are in flight (harness.run.server_engine): its logical bytes
-# are what it stores (its prompt cache), not its requests' working memory, which nothing there
-# reports; such rows are judged at rest only.
-IN_FLIGHT = ("request", "serve")
 
 
 def where(frame: pd.DataFrame, at: Hashable) -> str:

@@ -18,8 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..agent.kvmem_agent import IN_FLIGHT
 from ..common.units import format_bytes
-from .frames import IN_FLIGHT, spike_ratios, transients
+from .frames import spike_ratios, transients
 from .records import Finding
 
 if TYPE_CHECKING:

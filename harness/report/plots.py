@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..agent.kvmem_agent import IN_FLIGHT
 from ..common.files import atomic_write
 from ..judge.detectors import DETECTORS, Marker
-from ..judge.frames import IN_FLIGHT
 from ..judge.records import Finding
 
 if TYPE_CHECKING:

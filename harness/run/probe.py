@@ -20,7 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 # The readers and the sample the in-server agent uses too, so both measure alike.
-from ..agent.kvmem_agent import Sample, current_rss, cycle_garbage, release_freed_heap
+from ..agent.kvmem_agent import PHASES, Sample, current_rss, cycle_garbage, release_freed_heap
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -28,8 +28,6 @@ if TYPE_CHECKING:
 __all__ = ["PHASES", "ROW", "NullProbe", "Probe", "Sample", "current_rss", "cycle_garbage",
            "release_freed_heap", "to_frame"]
 
-# "request" and "serve" are a server's: a request boundary, and a sample taken on the period.
-PHASES = ("idle", "prefill", "decode", "fetch", "store", "evict", "request", "serve")
 
 # A sample's columns (less `entries`), the step's index and its own columns: `host` (bytes the
 # components hold outside MLX), `minimum` (the analytic bytes of the tokens held) and `work`
