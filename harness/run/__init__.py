@@ -1,1 +1,2 @@
-"""Running a scenario: the engine loop, its K/V source, the probe, one process per variant."""
+"""Running a scenario: engines behind one protocol, the probe, one process per variant,
+scheduling, the suite end to end, repeated runs and merged shards."""

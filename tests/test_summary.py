@@ -1,0 +1,53 @@
+"""The typed summary: what a run writes and a reader parses is one pydantic model, which keeps
+what its writer gave and upgrades an older schema through MIGRATIONS."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.judge import summary as summaries
+from harness.judge.summary import SCHEMA, SummaryError, read_summary, summary_from_bytes
+from tests.summaries import summary
+
+ROOT = Path(__file__).resolve().parent.parent
+BASELINES = sorted((ROOT / "baselines").rglob("*.json"))
+
+
+def test_every_committed_baseline_is_written_back_byte_for_byte():
+    """A baseline records a report as it is: read into the typed model and written again, each
+    committed file (with its noise block, model facts, store statistics or none) is unchanged."""
+    assert len(BASELINES) >= 40
+    changed = [path.relative_to(ROOT).as_posix() for path in BASELINES
+               if read_summary(path).to_json() != path.read_text()]
+    assert changed == []
+
+
+def test_a_key_absent_from_a_file_stays_absent_and_an_unknown_one_is_kept():
+    data = {**summary("s", "v"), "mine": {"kept": True}}
+    del data["scenario_file"]
+    written = json.loads(summary_from_bytes(Path("s.json"), json.dumps(data).encode()).to_json())
+    assert "scenario_file" not in written and "description" not in written
+    assert written["mine"] == {"kept": True} and list(written)[-1] == "mine"
+
+
+def test_an_older_schema_is_upgraded_step_by_step(monkeypatch):
+    """A later layout registers its predecessor's upgrade; readers then take old files."""
+    def from_zero(data: dict) -> dict:
+        return {**data, "schema": 1, "environment": {"backend": data.pop("backend")}}
+
+    monkeypatch.setitem(summaries.MIGRATIONS, 0, from_zero)
+    old = {k: v for k, v in summary("s", "v").items() if k != "environment"}
+    old.update(schema=0, backend="cpu")
+    read = summary_from_bytes(Path("old.json"), json.dumps(old).encode())
+    assert (read.schema_version, read.backend) == (SCHEMA, "cpu")
+
+
+@pytest.mark.parametrize("schema", [0, 2, "1", True, None])
+def test_a_schema_no_upgrade_leads_from_is_bad_input(schema):
+    data = {**summary("s", "v"), "schema": schema}
+    with pytest.raises(SummaryError, match=rf"unsupported summary schema {json.dumps(schema)}, "
+                                           rf"expected {SCHEMA}"):
+        summary_from_bytes(Path("s.json"), json.dumps(data).encode())
