@@ -42,11 +42,14 @@ def test_rows_stay_compact_and_grow_by_doubling():
 
 
 def test_rss_reading_follows_memory_the_process_touches():
-    """The probe's RSS reader agrees with psutil's and sees 64 MiB of touched host memory."""
+    """The probe's RSS reader agrees with psutil's and sees 64 MiB of touched host memory. RSS is
+    the whole process's: a thread of the test worker may hand back a few MiB meanwhile (once 5.4
+    MiB beside the suite's other processes), so the rise is held to three quarters."""
     assert abs(current_rss() - psutil.Process().memory_info().rss) < 2**20
     before = current_rss()
-    held = bytearray(64 * 2**20)  # zero-filled, so every page is touched
-    assert current_rss() - before >= 60 * 2**20
+    held = bytearray(b"\xff") * (64 * 2**20)  # written, so every page is touched
+    assert current_rss() - before >= 48 * 2**20
+    assert abs(current_rss() - psutil.Process().memory_info().rss) < 2**20
     del held
 
 
