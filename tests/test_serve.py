@@ -289,6 +289,25 @@ def test_a_leaking_server_is_a_leak_per_request(model_path: str, jitter: int) ->
     assert "retained" not in {f.kind for f in findings}
 
 
+def test_each_run_has_a_home_of_its_own_unless_the_scenario_gives_one(tmp_path: Path,
+                                                                     model_path: str) -> None:
+    """A server that keeps state under HOME (vllm-mlx's prefix cache) cannot carry it from one
+    run into the next: each gets a fresh HOME and XDG_CACHE_HOME, gone with the run."""
+    homes = []
+    for run in range(2):
+        note = tmp_path / f"home{run}.txt"
+        serve_with_engine(make_spec(**fake(model_path, "--note-home", str(note), requests=1)))
+        home, cache = note.read_text().split()
+        assert cache == f"{home}/.cache" and home != os.environ.get("HOME")
+        assert not Path(home).exists()  # removed with the run's files
+        homes.append(home)
+    assert homes[0] != homes[1]
+    given = fake(model_path, "--note-home", str(tmp_path / "given.txt"), requests=1)
+    given["server"]["env"] |= {"HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "c")}
+    serve_with_engine(make_spec(**given))
+    assert (tmp_path / "given.txt").read_text().split() == [str(tmp_path), str(tmp_path / "c")]
+
+
 def test_requests_name_the_model_where_the_scenario_says(model_path: str) -> None:
     """A server that routes by model name (omlx takes a folder's name) gets it in every
     request; without it, the same server fails the first request."""

@@ -22,6 +22,7 @@ import functools
 import os
 import shutil
 import signal
+import site
 import socket
 import subprocess
 import sys
@@ -121,8 +122,18 @@ class ServerEngine:
         values = self._values(port)
         return [word.format(**values) for word in [*self.server.command, *self.server.args]]
 
+    def _home(self) -> dict[str, str]:
+        """A fresh HOME and XDG_CACHE_HOME for this run (the scenario's `server.env` may set its
+        own): a server that keeps state under them (vllm-mlx saves its prefix cache there at
+        shutdown and loads it at start) starts every run and variant as the first. Packages in
+        the user's site (`pip install --user`) stay found through PYTHONUSERBASE."""
+        home = self._workdir / "home"
+        home.mkdir(exist_ok=True)
+        return {"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"),
+                "PYTHONUSERBASE": os.environ.get("PYTHONUSERBASE") or site.getuserbase()}
+
     def _environment(self, address: tuple[str, int], key: bytes) -> dict[str, str]:
-        env = {**os.environ, **self.server.env}
+        env = {**os.environ, **self._home(), **self.server.env}
         paths = [str(AGENT_DIR)]
         if self.server.plugins:  # resolved as components are: from the current directory
             paths.append(os.getcwd())
