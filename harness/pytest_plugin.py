@@ -70,7 +70,8 @@ class KVProbe:
         """Each bound's metric over the call: computed as a summary's are, from the rows of the
         call's start, its checkpoints and its end; the leak is fitted over the checkpoints (the
         start and the checkpoints), after `warmup` of them, with a floor of one byte."""
-        from harness.judge.detectors import LeakThresholds, detect_spec, leak
+        from harness.judge.at_rest import LeakThresholds, leak
+        from harness.judge.detectors import detect_spec
         from harness.judge.metrics import METRICS, RunFacts, Samples
         from harness.run.environment import backend
         from harness.run.probe import to_frame

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.judge import detectors as detect
-from harness.judge import expect
+from harness.judge import at_rest, expect
 from harness.scenario import ScenarioSpec, load_variants
 from tests.conftest import serve
 
@@ -71,7 +70,7 @@ def test_each_canary_is_found_with_its_bytes_and_each_twin_is_clean(variant):
     if kind in BYTES:
         assert found[kind].bytes == BYTES[kind]
     if kind == "pooled":
-        assert found[kind].bytes > detect.POOLED_CPU_FLOOR
+        assert found[kind].bytes > at_rest.POOLED_CPU_FLOOR
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.judge import expect
-from harness.judge.detectors import Finding
+from harness.judge.records import Finding
 from harness.scenario import ScenarioError, ScenarioSpec, load_variants
 from tests.conftest import serve
 

@@ -14,8 +14,10 @@ from matplotlib.axes import Axes
 from harness.common.units import Size, format_bytes
 from harness.judge import detectors as detect
 from harness.judge import expect
-from harness.judge.detectors import DETECTORS, Detector, Marker, Thresholds, from_hits
-from harness.judge.records import Expectation, Finding
+from harness.judge.at_rest import LeakThresholds
+from harness.judge.detectors import DETECTORS, Detector, Marker
+from harness.judge.records import MAX_STEPS_LISTED, Expectation, Finding, from_hits
+from harness.judge.thresholds import Thresholds
 from harness.report import folder as report
 from harness.scenario import ScenarioError, load_variants
 from tests.conftest import make_spec, serve
@@ -70,7 +72,7 @@ def test_one_registry_entry_is_configured_expected_checked_and_drawn(tmp_path, m
     spec = make_spec(workload=WORKLOAD, detect={"tiny_rise": {"min_bytes": "64 KiB"}},
                      expect={"tiny_rise": "detected"})
     assert spec.detect.tiny_rise == TinyRiseThresholds(min_bytes=64 * 2**10)
-    assert spec.detect.leak == detect.LeakThresholds()           # detectors not named: defaults
+    assert spec.detect.leak == LeakThresholds()           # detectors not named: defaults
     assert pickle.loads(pickle.dumps(spec)) == spec                # as sent to a variant's child
 
     frame, findings, figures = serve(spec)
@@ -106,7 +108,7 @@ def test_a_finding_is_reported_at_its_largest_excess_listing_the_first_steps():
     finding = from_hits("k", frame[excess > 0], excess, lambda at: f"worst at {at}")
     assert (finding.step, finding.bytes, finding.count) == (6, 6, 25)
     assert finding.message == "worst at 6"
-    assert finding.steps == [s for s in range(30) if s % 7][:detect.MAX_STEPS_LISTED]
+    assert finding.steps == [s for s in range(30) if s % 7][:MAX_STEPS_LISTED]
     assert from_hits("k", frame[excess > 9], excess, str) is None
 
 
@@ -197,6 +199,58 @@ def test_honest_unlimited_growth_is_unbounded_past_a_stated_budget_never_a_leak(
     assert set(found) == {"unbounded"} and found["unbounded"].severity == "error"
     assert (found["unbounded"].bytes, found["unbounded"].count) == (MiB, 18)
     assert "20.00 MiB at rest, over the budget of 10.00 MiB" in found["unbounded"].message
+
+
+def test_reported_bytes_over_a_stated_budget_are_unbounded_whether_rising_flat_or_from_the_start():
+    flat_after_rise = [min(k, 8) * MiB for k in range(1, 13)]
+    found = kinds(at_rest(flat_after_rise, flat_after_rise), unbounded={"budget": "6 MiB"})
+    assert set(found) == {"unbounded", "plateau"} and found["unbounded"].severity == "error"
+    assert (found["unbounded"].bytes, found["unbounded"].count) == (2 * MiB, 6)  # points 7..12
+    assert "over the budget of 6.00 MiB since request 6, not rising" in found["unbounded"].message
+    reloaded = at_rest([0] * 6, [8 * MiB] * 6)   # held before the baseline: not above it
+    reloaded.loc[0, "logical"] = 8 * MiB
+    found = kinds(reloaded, unbounded={"budget": "6 MiB"})
+    assert set(found) == {"unbounded"} and found["unbounded"].bytes == 2 * MiB
+    assert "from the first point at rest" in found["unbounded"].message
+    assert kinds(reloaded, unbounded={"budget": "8 MiB"}) == {}
+    assert kinds(reloaded) == {}                 # no budget: flat is not growth
+
+
+def capped(logical: list[int], cap: int) -> pd.DataFrame:
+    """A store of `logical` bytes at rest that reports a cap of `cap` bytes."""
+    frame = at_rest(logical, logical)
+    return frame.assign(cap=cap)
+
+
+def test_a_cache_over_its_own_cap_where_the_run_ends_and_mostly_since_is_over_cap():
+    cap = 8_000_000
+    persistent = [3 * MiB, 6 * MiB, 9 * MiB, *[10 * MiB] * 9]
+    found = kinds(capped(persistent, cap))
+    assert set(found) == {"over_cap", "plateau"}    # no unbounded: the cap says it better
+    assert (found["over_cap"].bytes, found["over_cap"].count) == (10 * MiB - cap, 10)
+    assert "holds 10.00 MiB at rest against its own 7.63 MiB cap" in found["over_cap"].message
+    # Enforced when the next request is admitted: the entry a request stores sits over the cap
+    # until then (mlx_lm.server's batched path), at one point in several, which is the cap.
+    admitted = [3 * MiB, 6 * MiB, 8_454_144, *[7_995_392, 7_864_320, 8_208_384] * 4, 7_995_392]
+    assert set(kinds(capped(admitted, cap))) <= {"plateau"}
+    ends_over = [*admitted[:-1], 8_454_144]         # over at the end, but rarely since
+    assert "over_cap" not in kinds(capped(ends_over, cap))
+    assert "over_cap" not in kinds(capped(persistent, 0))          # no cap known
+    assert "over_cap" not in kinds(capped(persistent, 11 * MiB))  # within it
+
+
+def test_an_accounting_that_claims_more_than_is_held_is_overclaimed_never_unbounded():
+    counted = [k * 16 * MiB for k in range(1, 10)]
+    found = kinds(at_rest([0] * 9, counted))        # counts 144 MiB, holds nothing
+    assert set(found) == {"overclaimed"}
+    assert (found["overclaimed"].bytes, found["overclaimed"].count) == (144 * MiB, 9)
+    assert "claims 144.00 MiB at rest (144.00 MiB more than at the baseline); 0.00 MiB are " \
+        "held above the baseline" in found["overclaimed"].message
+    # Counting up to a third more than it holds (entries sharing buffers) is not a wrong count.
+    assert "overclaimed" not in kinds(at_rest([k * 12 * MiB for k in range(1, 10)], counted))
+    # Wrong early, right where the run ends: a baseline that held the warm-up's buffers.
+    early = at_rest([0, *(k * 16 * MiB for k in range(2, 10))], counted)
+    assert "overclaimed" not in kinds(early)
 
 
 def wasteful(tokens: list[int]) -> pd.DataFrame:

@@ -177,10 +177,10 @@ def test_a_report_that_cannot_be_written_fails_its_variant_and_keeps_the_previou
 
     plot = report.plot_variant
 
-    def full_disk(frame, findings, title, path):
+    def full_disk(frame, findings, title, path, **limits):
         if "healthy" in title:  # samples.csv is written, then the plot finds the disk full
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        plot(frame, findings, title, path)
+        plot(frame, findings, title, path, **limits)
 
     monkeypatch.setattr(report, "plot_variant", full_disk)
     assert main(["run", str(path), "--variant", "healthy", "--variant", "raises",

@@ -55,6 +55,7 @@ def reduced(path: str, variant: str) -> ScenarioSpec:
             options["rolling_threshold"] = 512
         if raw["cache"]["layer"]["component"] == "reference.rotating":
             raw["cache"]["layer"]["options"]["max_size"] = 4096
+            raw["detect"]["unbounded"]["budget"] = 48 * 2**20  # above the 37 MiB preallocated
     return ScenarioSpec.model_validate(raw)
 
 

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from harness.agent import kvmem_agent
-from harness.judge import detectors as detect
+from harness.judge import frames
 from harness.models.folder import folder
 from harness.models.loading import ModelChoice
 from harness.run import traffic
@@ -81,6 +81,11 @@ def servers() -> set[int]:
     ({"server": {"logical": "mlx_lm.models.cache.LRUPromptCache"}},
      "server.logical: expected module:Class.attribute"),
     ({"server": {"env": {"KVMEM_AGENT": "x"}}}, "server: env: 'KVMEM_AGENT' is not a variable"),
+    ({"server": {"cap": "max bytes"}},
+     "server.cap: expected an attribute of the `logical` class's instances (max_bytes) or "
+     "module:Class.attribute"),
+    ({"server": {"logical": None, "cap": "max_bytes"}},
+     "cap: names an attribute of the `logical` class's instances: set logical too"),
     ({"server": {"plugins": ["not a module"]}}, "server.plugins.0: expected a module's import"),
     ({"server": {"period": 0}}, "server.period: Input should be greater than or equal to 0.01"),
     ({"cache": {"store": {"component": "mlx_lm.LRUPromptCache"}}},
@@ -186,17 +191,18 @@ def test_the_estimate_covers_the_weights_and_the_longest_context(model_path: str
 class Held:
     """A store the agent tracks in the tests."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, limit: int | None = None):
         self.size = size
+        self.limit = limit
 
     def __len__(self) -> int:
         return 2
 
 
 def test_the_agent_tracks_instances_and_answers_commands() -> None:
-    tracked = kvmem_agent.Tracked(f"{__name__}:Held.size")
-    kept = [Held(1000), Held(24)]
-    assert tracked.read() == (1024, 4)
+    tracked = kvmem_agent.Tracked(f"{__name__}:Held.size", "limit")
+    kept = [Held(1000, 4096), Held(24, 2048)]
+    assert tracked.read() == (1024, 4, 6144)  # sizes, lengths, caps
     agent = kvmem_agent.Agent(60.0, tracked)
     buffer = mx.zeros((MiB // 4,), dtype=mx.float32)
     mx.eval(buffer)
@@ -204,11 +210,16 @@ def test_the_agent_tracks_instances_and_answers_commands() -> None:
     del buffer
     rows += agent.handle({"op": "idle", "cycles": True, "settle": 0.1})["rows"]
     assert [row[1:5] for row in rows] == [("request", 3, 1, 12), ("idle", 3, 1, 0)]
-    assert [row[9:] for row in rows] == [(1024, 4, 0), (1024, 4, 0)]
+    assert [row[9:] for row in rows] == [(1024, 4, 0, 6144), (1024, 4, 0, 6144)]
     assert rows[0][5] - rows[1][5] == MiB  # active dropped by the freed buffer
     assert rows[1][6] >= rows[0][5]  # the idle row's peak covers the buffer it saw
     assert agent.handle({"op": "rows"})["rows"] == []
     assert agent.handle({"op": "jump"})["error"] == "unknown op 'jump'"
+    # One instance with no cap, or one that caps nothing (mlx-lm's default 2**63): no cap at all.
+    for limit in (None, kvmem_agent.NO_CAP):
+        kept.append(Held(0, limit))
+        assert tracked.read() == (1024, 6, 0)
+        kept.pop()
     del kept
 
 
@@ -265,7 +276,7 @@ def test_a_clean_server_fills_its_store_and_holds(model_path: str) -> None:
         make_spec(**fake(model_path, "--limit", "3")))
     kinds = {f.kind for f in findings}
     assert "leak" not in kinds and "retained" not in kinds and "plateau" in kinds
-    resting = detect.quiescent(frame)
+    resting = frames.quiescent(frame)
     # The baseline holds the warm-up's one-word entry, which the third request evicts.
     assert list(resting["logical"]) == [MiB + ENTRY, 2 * MiB + ENTRY] + [3 * MiB] * 6
     assert list(resting["active"] - frame["active"].iloc[0]) == [MiB, 2 * MiB] + [
@@ -287,6 +298,69 @@ def test_a_leaking_server_is_a_leak_per_request(model_path: str, jitter: int) ->
     (leak,) = [f for f in findings if f.kind == "leak"]
     assert abs(leak.bytes - MiB) <= jitter
     assert "retained" not in {f.kind for f in findings}
+
+
+# A server held to its own cap and its own accounting: each canary beside its clean twin.
+OWN_CAP = 3 * MiB
+HOLDING = {  # variant: (server arguments, scenario additions, the at-rest findings it must get)
+    "ignores_its_cap": (["--max-bytes", str(OWN_CAP), "--ignore-cap"], {"cap": "max_bytes"},
+                        {"over_cap"}),
+    "keeps_its_cap": (["--max-bytes", str(OWN_CAP)], {"cap": "max_bytes"}, {"plateau"}),
+    "lying_counter": (["--overcount"], {}, {"overclaimed"}),
+    "honest_counter": ([], {}, {"unbounded"}),
+    "reloaded_over_budget": (["--preload", "4", "--limit", "4"], {}, {"unbounded"}),
+    "reloaded_within_budget": (["--preload", "1", "--limit", "2"], {}, set()),
+}
+AT_REST = {"leak", "unbounded", "plateau", "retained", "over_cap", "overclaimed", "gc_deferred"}
+
+
+def holding(model_path: str, variant: str):
+    """The canary or twin's samples and findings; a 3 MiB budget where it reloads."""
+    args, server, _ = HOLDING[variant]
+    spec = fake(model_path, *args, **server)
+    if variant.startswith("reloaded"):
+        spec["detect"] = {"unbounded": {"budget": "3 MiB"}}
+    _, frame, findings, _ = serve_with_engine(make_spec(**spec))
+    return frame, findings
+
+
+@pytest.mark.parametrize("variant", list(HOLDING))
+def test_a_server_is_held_to_its_own_cap_and_its_own_accounting(model_path: str,
+                                                                variant: str) -> None:
+    frame, findings = holding(model_path, variant)
+    assert {f.kind for f in findings} & AT_REST == HOLDING[variant][2]
+    resting = frames.quiescent(frame)
+    found = {f.kind: f for f in findings}
+    if variant == "ignores_its_cap":  # 8 entries of 1 MiB and the warm-up's against 3 MiB
+        assert list(resting["cap"]) == [OWN_CAP] * 8
+        assert found["over_cap"].bytes == 5 * MiB + ENTRY
+        assert "holds 8.02 MiB at rest against its own 3.00 MiB cap" in found["over_cap"].message
+    if variant == "keeps_its_cap":
+        assert resting["logical"].max() == OWN_CAP
+    if variant == "lying_counter":  # counts 8 MiB, keeps nothing
+        assert list(resting["logical"] - frame["logical"].iloc[0]) == [
+            k * MiB for k in range(1, 9)]
+        assert found["overclaimed"].bytes == 8 * MiB
+        assert "0.00 MiB are held above the baseline" in found["overclaimed"].message
+    if variant == "honest_counter":
+        assert found["unbounded"].severity == "warning" and set(resting["cap"]) == {0}
+    if variant == "reloaded_over_budget":  # over 3 MiB from the first point at rest
+        # The warm-up's entry evicts one reloaded entry and stays until the fourth request.
+        assert list(resting["logical"]) == [3 * MiB + ENTRY] * 3 + [4 * MiB] * 5
+        assert found["unbounded"].bytes == MiB and found["unbounded"].severity == "error"
+        assert "from the first point at rest, not rising" in found["unbounded"].message
+    if variant == "reloaded_within_budget":
+        assert list(resting["logical"]) == [MiB + ENTRY] + [2 * MiB] * 7
+        assert resting["logical"].max() <= 3 * MiB
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", list(HOLDING))
+def test_each_cap_and_accounting_verdict_holds_ten_runs_out_of_ten(model_path: str,
+                                                                   variant: str) -> None:
+    verdicts = [{f.kind for f in holding(model_path, variant)[1]} & AT_REST
+                for _ in range(10)]
+    assert verdicts == [HOLDING[variant][2]] * 10
 
 
 def test_each_run_has_a_home_of_its_own_unless_the_scenario_gives_one(tmp_path: Path,
@@ -329,7 +403,7 @@ def test_concurrent_clients_and_interrupted_streams(model_path: str) -> None:
         {"kind": "distinct", "requests": 2, "words": 64, "disconnect": 2, "clients": 1},
         {"kind": "idle", "seconds": 0.3}]}
     engine, frame, _, _ = serve_with_engine(make_spec(**scenario))
-    assert len(detect.quiescent(frame)) == 2 + 2 + 1
+    assert len(frames.quiescent(frame)) == 2 + 2 + 1
     assert engine.facts().disconnects == 2
     assert engine.store_stats() == {"nbytes": 8 * MiB + ENTRY, "entries": 9}  # and the warm-up
 
@@ -348,7 +422,10 @@ def test_concurrent_clients_and_interrupted_streams(model_path: str) -> None:
      "cannot start the server '/no/such/server': No such file or directory"),
     ([], {"logical": "fake_store:Nothing.nbytes"},
      "the agent in the server could not set up: logical fake_store:Nothing.nbytes: "
-     "AttributeError"),
+     "ValueError: no class Nothing in fake_store"),
+    ([], {"cap": "fake_store:Store"},
+     "the agent in the server could not set up: logical fake_store:Store.nbytes with cap "
+     "fake_store:Store: ValueError: Store names a class: expected module:Class.attribute"),
 ])
 def test_a_server_that_fails_fails_its_variant_and_leaves_nothing(
         tmp_path: Path, model_path: str, args: list[str], server: dict, error: str) -> None:

@@ -26,7 +26,10 @@ Protocol (version 1), over `multiprocessing.connection` with the key kvmem gives
 
 `KVMEM_AGENT_PERIOD` sets the period (seconds), `KVMEM_AGENT_LOGICAL` names
 `module:Class.attribute`: every instance of that class made in the process is tracked (weakly)
-and `logical` is the sum of their attribute (`entries` of their `len()`).
+and `logical` is the sum of their attribute (`entries` of their `len()`). `KVMEM_AGENT_CAP` names
+the bytes each allows itself: an attribute path of those instances (`max_bytes`), or of another
+class's (`module:Class.attribute.path`, as mlx_lm.server's `--prompt-cache-bytes` on its parsed
+arguments): `cap` is their sum, 0 where one does not say (None, or 2**53 bytes or more).
 `KVMEM_AGENT_PLUGINS` lists modules to import first, separated by commas (a canary's).
 """
 
@@ -47,7 +50,8 @@ from typing import Any, NamedTuple
 
 PROTOCOL = 1
 VARIABLES = ("KVMEM_AGENT", "KVMEM_AGENT_KEY", "KVMEM_AGENT_PERIOD", "KVMEM_AGENT_LOGICAL",
-             "KVMEM_AGENT_PLUGINS")
+             "KVMEM_AGENT_CAP", "KVMEM_AGENT_PLUGINS")
+NO_CAP = 2**53  # a cap this large, or larger (mlx-lm's default is 2**63), caps nothing
 # What a sample's process was doing: a step of kvmem's own loop (at rest, a prefill chunk, a
 # decode step, a store's fetch, store or eviction), or in a server a request boundary ("request")
 # and the samples taken on the period ("serve"). While a server's requests are in flight, its
@@ -75,6 +79,7 @@ class Sample(NamedTuple):
     logical: int  # what the components (a server: `KVMEM_AGENT_LOGICAL`) say they hold
     entries: int  # how many entries they hold (a server's; 0 in kvmem's own process)
     cyclic: int   # MLX bytes only unreachable reference cycles hold (at rest, when asked)
+    cap: int      # the bytes the components allow themselves (a server's cache's own cap), or 0
 
 
 def _libc_trim() -> Callable[[int], int] | None:
@@ -192,39 +197,71 @@ def _darwin_footprint(pid: int) -> Callable[[], int] | None:
     return read
 
 
+def _watch(path: str) -> tuple[weakref.WeakSet[Any], str]:
+    """Track every instance of the class `path` names (`module:Class.attribute.path`) made from
+    now on, weakly; the set and the attribute path after the class."""
+    module_name, _, qualified = path.partition(":")
+    parts = qualified.split(".")
+    owner: Any = importlib.import_module(module_name)
+    cls: Any = None
+    while parts and isinstance(getattr(owner, parts[0], None), type):  # nested classes too
+        owner = cls = getattr(owner, parts.pop(0))
+    if cls is None:
+        raise ValueError(f"no class {qualified.split('.')[0]} in {module_name}")
+    if not parts:
+        raise ValueError(f"{qualified} names a class: expected module:Class.attribute")
+    instances: weakref.WeakSet[Any] = weakref.WeakSet()
+    original = cls.__init__
+
+    def tracked_init(obj: Any, *args: Any, **kwargs: Any) -> None:
+        original(obj, *args, **kwargs)
+        instances.add(obj)
+
+    cls.__init__ = tracked_init
+    return instances, ".".join(parts)
+
+
+def _value(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
 class Tracked:
-    """Every instance of one class made after `track`, weakly, and the sum of one attribute."""
+    """Every instance of one class made after `track`, weakly, and the sums of one attribute
+    (its size) and, where named, of a cap: an attribute path on those instances, or on another
+    class's (`module:Class.attribute.path`: a server's parsed arguments)."""
 
-    def __init__(self, path: str):
-        module_name, _, qualified = path.partition(":")
-        owner, _, self.attribute = qualified.rpartition(".")
-        if not module_name or not owner or not self.attribute:
-            raise ValueError(f"{path!r}: expected module:Class.attribute")
-        cls: Any = importlib.import_module(module_name)
-        for part in owner.split("."):
-            cls = getattr(cls, part)
-        self.instances: weakref.WeakSet[Any] = weakref.WeakSet()
-        original = cls.__init__
-        instances = self.instances
+    def __init__(self, path: str, cap: str | None = None):
+        self.instances, self.attribute = _watch(path)
+        self.capped: weakref.WeakSet[Any] | None = None
+        self.cap = cap
+        if cap is not None and ":" in cap:
+            self.capped, self.cap = _watch(cap)
 
-        def tracked_init(obj: Any, *args: Any, **kwargs: Any) -> None:
-            original(obj, *args, **kwargs)
-            instances.add(obj)
-
-        cls.__init__ = tracked_init
-
-    def read(self) -> tuple[int, int]:
-        """(sum of the attribute, sum of the lengths) over live instances; a reading that
-        races another thread's change is taken again."""
+    def read(self) -> tuple[int, int, int]:
+        """(sum of the attribute, sum of the lengths, sum of the caps) over live instances; a
+        reading that races another thread's change is taken again."""
         for _ in range(10):
             try:
                 live = list(self.instances)
                 size = sum(int(getattr(obj, self.attribute)) for obj in live)
                 entries = sum(len(obj) for obj in live if hasattr(obj, "__len__"))
-                return size, entries
+                return size, entries, self._caps(live)
             except RuntimeError:  # a set or dict changed size while read
                 continue
-        return 0, 0
+        return 0, 0, 0
+
+    def _caps(self, live: list[Any]) -> int:
+        """What the instances allow themselves, in all: 0 where one has no cap (unset, or too
+        large to cap anything)."""
+        if self.cap is None:
+            return 0
+        owners = live if self.capped is None else list(self.capped)
+        caps = [_value(obj, self.cap) for obj in owners]
+        limits = [int(c) for c in caps
+                  if isinstance(c, (int, float)) and not isinstance(c, bool) and 0 < c < NO_CAP]
+        return sum(limits) if caps and len(limits) == len(caps) else 0
 
 
 class Agent:
@@ -245,8 +282,9 @@ class Agent:
     def _active(self) -> int:
         return 0 if self.mx is None else int(self.mx.get_active_memory())
 
-    def logical(self) -> tuple[int, int]:
-        return (0, 0) if self.tracked is None else self.tracked.read()
+    def logical(self) -> tuple[int, int, int]:
+        """What the tracked instances hold: bytes, entries, and the bytes they allow themselves."""
+        return (0, 0, 0) if self.tracked is None else self.tracked.read()
 
     def take(self, phase: str, cyclic: int = 0, tokens: int = 0) -> None:
         """One row now; the peak counter starts again from here."""
@@ -261,11 +299,11 @@ class Agent:
                 cache = int(mx.get_cache_memory())
             peak = max(peak, self._last_active, active)
             self._last_active = active
-            size, entries = self.logical()
+            size, entries, cap = self.logical()
             self._rows.append(tuple(Sample(
                 time=time.monotonic(), phase=phase, request=self._request, turn=self._turn,
                 tokens=tokens, active=active, peak=peak, cache=cache, rss=current_rss(),
-                logical=size, entries=entries, cyclic=cyclic)))
+                logical=size, entries=entries, cyclic=cyclic, cap=cap)))
             self._busy += time.perf_counter() - began
 
     def drain(self) -> dict:
@@ -354,10 +392,11 @@ def start_from_environment() -> Agent:
     tracked = None
     if settings["KVMEM_AGENT_LOGICAL"]:
         try:
-            tracked = Tracked(settings["KVMEM_AGENT_LOGICAL"])
+            tracked = Tracked(settings["KVMEM_AGENT_LOGICAL"], settings["KVMEM_AGENT_CAP"] or None)
         except Exception as exc:
-            errors.append(f"logical {settings['KVMEM_AGENT_LOGICAL']}: {type(exc).__name__}: "
-                          f"{exc}")
+            cap = f" with cap {settings['KVMEM_AGENT_CAP']}" if settings["KVMEM_AGENT_CAP"] else ""
+            errors.append(f"logical {settings['KVMEM_AGENT_LOGICAL']}{cap}: "
+                          f"{type(exc).__name__}: {exc}")
     agent = Agent(float(settings["KVMEM_AGENT_PERIOD"] or 0.1), tracked)
     atexit.register(agent.quiesce)
     mx = agent.mx

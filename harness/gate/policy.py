@@ -87,8 +87,9 @@ def policy_changes(base: Summary, head: Summary) -> list[PolicyChange]:
     """What the head changes in the gate's inputs for this variant, each marked by whether it
     loosens: a tolerance that grows (abs or rel); an expectation dropped or stated
     differently (one added only tightens); any detector threshold moved (whether a higher
-    value hides more depends on the detector, so every move counts). Thresholds are compared
-    only where both sides recorded them (summaries before they did have none). Both `compare`
+    value hides more depends on the detector, so every move counts), while the thresholds of a
+    detector the base did not have add a check. Thresholds are compared only where both sides
+    recorded them (summaries before they did have none). Both `compare`
     blocks are checked: a malformed one is bad input naming its file."""
     limits = tolerances(base), tolerances(head)
     changes = [PolicyChange(f"compare.{name}", _limit(name, old), _limit(name, new),
@@ -102,6 +103,7 @@ def policy_changes(base: Summary, head: Summary) -> list[PolicyChange]:
     if base.detect is not None and head.detect is not None:
         thresholds = _thresholds(base), _thresholds(head)
         names = list(thresholds[0]) + [n for n in thresholds[1] if n not in thresholds[0]]
-        changes += [PolicyChange(name, thresholds[0].get(name), thresholds[1].get(name), True)
+        changes += [PolicyChange(name, thresholds[0].get(name), thresholds[1].get(name),
+                                 name in thresholds[0])  # a detector new in the head adds a check
                     for name in names if thresholds[0].get(name) != thresholds[1].get(name)]
     return changes

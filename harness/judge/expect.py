@@ -10,6 +10,7 @@ spike's expectation may instead bound the spike_ratio metric. A metric with a `b
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
@@ -18,7 +19,7 @@ from ..common.strict import Number, Strict, registered, tagged
 from ..common.units import Size
 from .detectors import DETECTORS, Presence
 from .metrics import BYTES, METRICS, gated
-from .records import Expectation, Finding
+from .records import Expectation, Finding, Severity
 
 
 class SpikeBound(Strict):
@@ -120,6 +121,20 @@ def _budgets(expect: ExpectSpec, figures: dict[str, Any]) -> list[Expectation]:
     return [_bound(m.budget, figures[name], limit, m.unit == BYTES)
             for name, m in METRICS.items()
             if m.budget is not None and (limit := getattr(expect, m.budget)) is not None]
+
+
+def graded(findings: list[Finding], expect: ExpectSpec) -> list[Finding]:
+    """Each finding with the severity that says whether it can fail this run: "error" where an
+    expectation of none fails on it; "warning" where a detector said so and the expectation is
+    the registry's default, which lets it pass; "info" where nothing the scenario expects fails
+    on it (a detector checked only when stated, or one expected detected)."""
+    def severity(finding: Finding) -> Severity:
+        if getattr(expect, finding.kind, None) != "none":
+            return "info"
+        stated = finding.kind in expect.model_fields_set
+        return "warning" if finding.severity == "warning" and not stated else "error"
+
+    return [replace(f, severity=severity(f)) for f in findings]
 
 
 def check(expect: ExpectSpec, findings: list[Finding],

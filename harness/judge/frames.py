@@ -66,13 +66,18 @@ def transients(frame: pd.DataFrame) -> pd.Series:
     return frame["peak"] - settled - frame["work"]
 
 
-def spike_ratios(frame: pd.DataFrame) -> pd.Series:
-    """Per step: peak over the larger of active before and after, both above the baseline."""
+def settled_above(frame: pd.DataFrame) -> pd.Series:
+    """Per step: the larger of active before and after, above the baseline."""
     import numpy as np
 
-    base = frame["active"].iloc[0]
-    settled = np.maximum(_previous_active(frame), frame["active"]) - base
-    return (frame["peak"] - base) / settled.clip(lower=1)
+    return np.maximum(_previous_active(frame), frame["active"]) - frame["active"].iloc[0]
+
+
+def spike_ratios(frame: pd.DataFrame) -> pd.Series:
+    """Per step: peak over the larger of active before and after, both above the baseline; NaN
+    where memory settled at the baseline (a spike from nothing has no ratio)."""
+    settled = settled_above(frame)
+    return (frame["peak"] - frame["active"].iloc[0]) / settled.where(settled > 0)
 
 
 def point_name(points: pd.DataFrame) -> str:

@@ -14,6 +14,7 @@ Nothing here imports MLX, pandas or matplotlib: the gate reads summaries fast.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -90,10 +91,14 @@ class Samples:
         return transients(self.rows)
 
     @property
-    def spike_ratio(self) -> float:
-        """The largest spike's peak over what the step settled at, among spikes above the floor."""
+    def spike_ratio(self) -> float | None:
+        """The largest spike's peak over what the step settled at, among spikes above the floor
+        (1.0 without one); None where every such spike settled at the baseline (no ratio)."""
         big = self.excess > self._spike_floor
-        return round(float(spike_ratios(self.rows)[big].max()), 4) if big.any() else 1.0
+        if not big.any():
+            return 1.0
+        largest = spike_ratios(self.rows)[big].max()
+        return None if math.isnan(largest) else round(float(largest), 4)
 
     @property
     def leak_rate(self) -> int:

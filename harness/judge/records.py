@@ -7,21 +7,28 @@ file validates them (a field of the wrong type is bad input), and both write the
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr
 from pydantic.dataclasses import dataclass
 
-Severity = Literal["error", "warning"]
+if TYPE_CHECKING:
+    import pandas as pd
+
+# "error": an expectation of none fails on it; "warning": shown, and a default expectation lets
+# it pass (growth with no budget stated); "info": nothing the scenario states fails on it.
+Severity = Literal["error", "warning", "info"]
+MAX_STEPS_LISTED = 20
 
 
 @dataclass(frozen=True, kw_only=True, config=ConfigDict(defer_build=True))
 class Finding:
     """What a detector found: the step it reports at, the bytes there (or a rate, per request),
     how many steps or requests it covers, its message and the first steps it marks on the plot.
-    `severity` "warning": shown and recorded, but a scenario's default expectation of none is
-    not failed by it (growth with no budget stated); only an expectation the scenario states
-    is. A summary written by hand may leave out all but `kind` and `message`."""
+    `severity` says whether it can fail the run (`Severity`; a detector says "warning" where
+    a default expectation must let it pass, and the run grades the rest against the scenario's
+    expectations). A summary written by hand may leave out all but `kind` and `message`."""
 
     kind: StrictStr
     step: StrictInt | None = None
@@ -45,3 +52,18 @@ class Expectation:
 
     def describe(self) -> str:
         return f"{self.name}: expected {self.expected}, got {self.actual}"
+
+
+def from_hits(kind: str, hits: pd.DataFrame, excess: pd.Series,
+              message: Callable[[Hashable], str]) -> Finding | None:
+    """The finding of a detector of steps or points, reported at the hit with the largest
+    excess, with how many it hit and the first MAX_STEPS_LISTED of them.
+
+    `message` is given that step's row label, to describe it. No hits, no finding.
+    """
+    if hits.empty:
+        return None
+    worst = excess[hits.index].idxmax()
+    return Finding(kind=kind, step=int(hits["step"][worst]), bytes=int(excess[worst]),
+                   count=len(hits), message=message(worst),
+                   steps=hits["step"].head(MAX_STEPS_LISTED).tolist())

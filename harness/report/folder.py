@@ -82,7 +82,8 @@ def write_variant(out: Path, frame: pd.DataFrame, summary: Summary) -> None:
         frame.to_csv(staging / "samples.csv", index=False)
         if not frame.empty:
             title = f"{summary.scenario} / {summary.variant} ({summary.backend})"
-            plot_variant(frame, summary.findings, title, staging / "memory.png")
+            budget = (summary.detect or {}).get("unbounded", {}).get("budget")
+            plot_variant(frame, summary.findings, title, staging / "memory.png", budget=budget)
         (staging / "summary.json").write_text(summary.to_json())
         os.chmod(staging, 0o777 & ~UMASK)
         swap_into_place(staging, out)

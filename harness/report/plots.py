@@ -61,7 +61,11 @@ def _request_ticks(ax: Axes, frame: pd.DataFrame, x: str) -> None:
               linewidth=0.6, zorder=1)
 
 
-def plot_variant(frame: pd.DataFrame, findings: list[Finding], title: str, path: Path) -> None:
+def plot_variant(frame: pd.DataFrame, findings: list[Finding], title: str, path: Path,
+                 budget: int | None = None) -> None:
+    """A variant's memory by step (a server's by time): active memory with its step-peak band,
+    what the components report beside their budget and their own cap, the analytic minimum,
+    RSS, and each finding's steps."""
     mib = 2**20
     base = frame["active"].iloc[0]
     thin = _thin(frame)
@@ -73,6 +77,7 @@ def plot_variant(frame: pd.DataFrame, findings: list[Finding], title: str, path:
             label="MLX active")
     ax.step(thin[x], thin["logical"] / mib, where="post", color="tab:green",
             linestyle="--", label="logical (components' nbytes)")
+    _limits(ax, thin, x, budget)
     ax.step(thin[x], thin["minimum"] / mib, where="post", color="black", linestyle=":",
             label="analytic minimum")
     ax.step(thin[x], (thin["rss"] - frame["rss"].iloc[0]) / mib, where="post",
@@ -87,6 +92,17 @@ def plot_variant(frame: pd.DataFrame, findings: list[Finding], title: str, path:
                    (by_step.loc[steps, marker.level] - base) / mib, marker=marker.symbol,
                    color=marker.color, zorder=5, label=f"{finding.kind} ({finding.count})")
     _save(fig, ax, xlabel, "MiB above baseline", title, path)
+
+
+def _limits(ax: Axes, thin: pd.DataFrame, x: str, budget: int | None) -> None:
+    """What the reported bytes are held to, as lines beside them: the scenario's budget, and the
+    cap the cache gives itself where the agent read one, so "over its cap" is seen."""
+    if budget is not None:
+        ax.axhline(budget / 2**20, color="tab:green", linestyle=(0, (1, 3)), linewidth=1,
+                   label="budget (detect.unbounded.budget)")
+    if "cap" in thin and (thin["cap"] > 0).any():
+        ax.step(thin[x], thin["cap"].where(thin["cap"] > 0) / 2**20, where="post",
+                color="tab:red", linestyle="-.", linewidth=1, label="the cache's own cap")
 
 
 def plot_overlay(frames: dict[str, pd.DataFrame], title: str, path: Path) -> None:

@@ -36,7 +36,7 @@ ROW = np.dtype([
     ("step", np.int32), ("phase", np.uint8), ("request", np.int32), ("turn", np.int32),
     ("tokens", np.int64), ("active", np.int64), ("peak", np.int64), ("cache", np.int64),
     ("rss", np.int64), ("logical", np.int64), ("host", np.int64), ("minimum", np.int64),
-    ("work", np.int64), ("cyclic", np.int64), ("time", np.float32),
+    ("work", np.int64), ("cyclic", np.int64), ("time", np.float32), ("cap", np.int64),
 ])
 
 
@@ -76,7 +76,7 @@ class Probe:
         self.add(Sample(time=time.perf_counter() - self._start, phase=phase, request=request,
                         turn=turn, tokens=tokens, active=active, peak=peak,
                         cache=mx.get_cache_memory(), rss=current_rss(), logical=logical,
-                        entries=0, cyclic=cyclic), host=host, minimum=minimum, work=work)
+                        entries=0, cyclic=cyclic, cap=0), host=host, minimum=minimum, work=work)
 
     def add(self, sample: Sample, *, host: int = 0, minimum: int = 0, work: int = 0) -> None:
         """Append one sample with the step's own columns (a server's agent takes its samples
@@ -86,7 +86,7 @@ class Probe:
         self._rows[self._n] = (self._n, PHASES.index(sample.phase), sample.request, sample.turn,
                                sample.tokens, sample.active, sample.peak, sample.cache,
                                sample.rss, sample.logical, host, minimum, work, sample.cyclic,
-                               sample.time)
+                               sample.time, sample.cap)
         self._n += 1
 
     @property

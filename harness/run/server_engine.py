@@ -145,6 +145,7 @@ class ServerEngine:
             "KVMEM_AGENT_KEY": key.hex(),
             "KVMEM_AGENT_PERIOD": repr(self.server.period),
             "KVMEM_AGENT_LOGICAL": self.server.logical or "",
+            "KVMEM_AGENT_CAP": self.server.cap or "",
             "KVMEM_AGENT_PLUGINS": ",".join(self.server.plugins),
         })
         return env

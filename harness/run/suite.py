@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.progress import Progress, TaskID
 
 from ..judge.detectors import detect
-from ..judge.expect import check
+from ..judge.expect import check, graded
 from ..judge.metrics import RunFacts, Samples, figures, recorded
 from ..judge.records import Finding
 from ..judge.summary import SCHEMA, Environment, Series, Summary
@@ -55,6 +55,7 @@ def summarize(outcome: RunOutcome, environment: dict[str, Any],
     values = figures(Samples(frame if served else None, findings, spec.detect,
                              RunFacts(outcome.wall_s, outcome.estimate, weights)))
     expectations = check(spec.expect, findings, values) if served else []
+    findings = graded(findings, spec.expect)
     optional: dict[str, Any] = {"store_stats": outcome.store_stats, "model": outcome.model}
     summary = Summary(
         schema=SCHEMA, scenario=spec.name, variant=outcome.variant.name,

@@ -24,14 +24,22 @@ Clients = Annotated[int, Field(strict=True, ge=1, le=MAX_CLIENTS)]
 Tokens = Annotated[int, Field(strict=True, ge=1, le=MAX_REQUESTS)]
 Seconds = Annotated[float, Field(strict=True, gt=0.0, le=MAX_SECONDS, allow_inf_nan=False)]
 
-# The server kvmem starts by default: mlx-lm's, on the generated model, on a free port.
-DEFAULT_COMMAND = "{python} -m mlx_lm.server --model {model} --host {host} --port {port}"
-# mlx_lm.server's prompt cache: its own byte count, what it holds by design.
+# The server kvmem starts by default: mlx-lm's, on the generated model, on a free port. Started
+# as `python -m mlx_lm server` (mlx-lm's own advice; `-m mlx_lm.server` is deprecated), so its
+# module is imported once, as `mlx_lm.server`, and the agent sees the classes the server uses.
+DEFAULT_COMMAND = "{python} -m mlx_lm server --model {model} --host {host} --port {port}"
+# mlx_lm.server's prompt cache: its own byte count, what it holds by design, and the bytes it
+# allows itself: `--prompt-cache-bytes`, kept on the server's arguments (its LRUPromptCache's
+# own `max_bytes` stays unset there).
 DEFAULT_LOGICAL = "mlx_lm.models.cache:LRUPromptCache.nbytes"
+DEFAULT_CAP = "mlx_lm.server:ModelProvider.cli_args.prompt_cache_bytes"
 # {model}: the model folder; {model_dir}: the folder holding it; {model_name}: its name.
 PLACEHOLDERS = ("python", "model", "model_dir", "model_name", "host", "port")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w]*(\.[A-Za-z_]\w*)+$")
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+# A cap: an attribute path on the `logical` class's instances (`max_bytes`), or on another
+# class's instances (`module:Class.attribute.path`).
+_CAP = re.compile(r"^([A-Za-z_][\w.]*:)?[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
 def _words(command: str | list[str]) -> list[str]:
@@ -88,6 +96,13 @@ def _check_import_path(value: str | None) -> str | None:
     return value
 
 
+def _check_cap_path(value: str | None) -> str | None:
+    if value is not None and not (isinstance(value, str) and _CAP.match(value)):
+        raise ValueError("expected an attribute of the `logical` class's instances (max_bytes) "
+                         f"or module:Class.attribute, got {echo(value)}")
+    return value
+
+
 def _check_module(value: str) -> str:
     if not _MODULE.match(value):
         raise ValueError(f"expected a module's import path (a.b.c), got {echo(value)}")
@@ -105,6 +120,12 @@ class ServerSpec(Strict):
     # The byte count a server holds by design (its prompt cache): `module:Class.attribute`,
     # summed over every instance; null when the server has none to read.
     logical: Annotated[str | None, BeforeValidator(_check_import_path)] = DEFAULT_LOGICAL
+    # How many bytes the cache allows itself (its cap): an attribute path on those instances
+    # (`max_bytes`), or `module:Class.attribute.path` on another class's (a server's parsed
+    # arguments); summed over instances. Memory held at rest beyond it is the server breaking
+    # its own promise (`over_cap`). By default mlx_lm.server's `--prompt-cache-bytes` where
+    # `logical` is mlx-lm's prompt cache; null: none read.
+    cap: Annotated[str | None, BeforeValidator(_check_cap_path)] = None
     # Modules the agent imports in the server before it runs (a canary's fault).
     plugins: list[Annotated[str, BeforeValidator(_check_module)]] = Field(default_factory=list)
     period: Annotated[float, Field(strict=True, ge=0.01, le=60.0, allow_inf_nan=False)] = 0.1
@@ -112,6 +133,16 @@ class ServerSpec(Strict):
     request_timeout: Seconds = 120.0
     # How long an idle sample waits for memory to stand still after the last request ended.
     settle: Annotated[float, Field(strict=True, ge=0.0, le=60.0, allow_inf_nan=False)] = 2.0
+
+    @model_validator(mode="after")
+    def _check_cap(self) -> ServerSpec:
+        if "cap" in self.model_fields_set:
+            if self.cap is not None and ":" not in self.cap and self.logical is None:
+                raise ValueError("cap: names an attribute of the `logical` class's instances: "
+                                 "set logical too, or name module:Class.attribute")
+        elif self.logical == DEFAULT_LOGICAL:
+            object.__setattr__(self, "cap", DEFAULT_CAP)  # mlx-lm's own, where it is read
+        return self
 
     @model_validator(mode="after")
     def _check_env(self) -> ServerSpec:
