@@ -86,6 +86,12 @@ def servers() -> set[int]:
      "module:Class.attribute"),
     ({"server": {"logical": None, "cap": "max_bytes"}},
      "cap: names an attribute of the `logical` class's instances: set logical too"),
+    ({"server": {"requires": ["vllm mlx"]}},
+     "server.requires.0: expected a requirement such as vllm-mlx==0.6.0, got 'vllm mlx'"),
+    ({"server": {"requires_no_deps": [6]}},
+     "server.requires_no_deps.0: expected a requirement (text), got 6"),
+    ({"server": {"python": "/usr/bin/python3", "requires": ["mlx-lm"]}},
+     "python: an interpreter of your own, or requires: an environment kvmem builds; not both"),
     ({"server": {"plugins": ["not a module"]}}, "server.plugins.0: expected a module's import"),
     ({"server": {"period": 0}}, "server.period: Input should be greater than or equal to 0.01"),
     ({"cache": {"store": {"component": "mlx_lm.LRUPromptCache"}}},
@@ -370,16 +376,16 @@ def test_each_run_has_a_home_of_its_own_unless_the_scenario_gives_one(tmp_path: 
     homes = []
     for run in range(2):
         note = tmp_path / f"home{run}.txt"
-        serve_with_engine(make_spec(**fake(model_path, "--note-home", str(note), requests=1)))
-        home, cache = note.read_text().split()
+        serve_with_engine(make_spec(**fake(model_path, "--note", str(note), requests=1)))
+        home, cache, _ = note.read_text().split()
         assert cache == f"{home}/.cache" and home != os.environ.get("HOME")
         assert not Path(home).exists()  # removed with the run's files
         homes.append(home)
     assert homes[0] != homes[1]
-    given = fake(model_path, "--note-home", str(tmp_path / "given.txt"), requests=1)
+    given = fake(model_path, "--note", str(tmp_path / "given.txt"), requests=1)
     given["server"]["env"] |= {"HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "c")}
     serve_with_engine(make_spec(**given))
-    assert (tmp_path / "given.txt").read_text().split() == [str(tmp_path), str(tmp_path / "c")]
+    assert (tmp_path / "given.txt").read_text().split()[:2] == [str(tmp_path), str(tmp_path / "c")]
 
 
 def test_requests_name_the_model_where_the_scenario_says(model_path: str) -> None:
@@ -391,9 +397,12 @@ def test_requests_name_the_model_where_the_scenario_says(model_path: str) -> Non
     engine, _, _, _ = serve_with_engine(make_spec(**scenario))
     assert engine.facts().requests == 2
     unnamed = fake(model_path, "--require-model", name, requests=2)
-    with pytest.raises(RuntimeError, match="the server's first request failed: request -1: "
-                                           "HTTP 404"):
+    with pytest.raises(RuntimeError) as refused:
         serve_with_engine(make_spec(**unnamed))
+    assert str(refused.value).startswith(
+        "the server's first request failed: the readiness request: HTTP 404")
+    assert ("(the request named no model: if the server needs one, set workload.http.model, "
+            "e.g. \"{model}\" or \"{model_name}\")") in str(refused.value)
 
 
 def test_concurrent_clients_and_interrupted_streams(model_path: str) -> None:

@@ -205,6 +205,9 @@ class ModelFacts(_Given):
     requests: StrictInt | None = None
     disconnects: StrictInt | None = None
     rss_outside_gap: StrictInt | None = None
+    # A server in an environment of its own: the versions there of MLX, mlx-lm and the packages
+    # its scenario requires (what produced the figures, rather than kvmem's own).
+    packages: dict[str, StrictStr] | None = None
 
 
 class Recorded(BaseModel):

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from ..common.units import format_bytes, mib
 from ..judge.metrics import BYTES, METRICS
@@ -152,10 +153,17 @@ def geometry_presets() -> Table:
     return grid
 
 
-def model_presets() -> Table:
+def model_presets() -> Table | Text:
     """The presets a real model is built from: layers, KV per token and vocabulary as the built model
-    has them (read without evaluating it), and the weights' bytes in bfloat16."""
+    has them (read without evaluating it), and the weights' bytes in bfloat16; where mlx-lm,
+    which builds them, is not installed, which extra brings it."""
+    import importlib.util
+
     from ..models import loading as models
+
+    if importlib.util.find_spec("mlx_lm") is None:
+        return Text("real-model presets (engine: mlx_lm) are built by mlx-lm, which is not "
+                    "installed: pip install 'kvmem[mlx]'")
 
     grid = Table(title="real-model presets (engine: mlx_lm, random weights)")
     for column in ("name", "layers", "KV per token", "vocab", "weights"):

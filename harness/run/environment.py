@@ -41,10 +41,14 @@ def environment() -> dict:
     """
     import importlib.metadata as md
 
+    try:
+        mlx_lm = md.version("mlx-lm")
+    except md.PackageNotFoundError:  # kvmem without its `mlx` extra, beside a server's own
+        mlx_lm = "not installed"
     return {
         "backend": backend(),
         "mlx": md.version("mlx"),
-        "mlx_lm": md.version("mlx-lm"),
+        "mlx_lm": mlx_lm,
         "python": platform.python_version(),
         "machine": platform.machine(),
         "platform": platform.platform(),

@@ -1,7 +1,8 @@
 """The server engine: a real server process under HTTP traffic, sampled from inside.
 
 kvmem starts the scenario's command (`server:`, by default mlx-lm's `mlx_lm.server` on a model
-folder `harness.models.folder` generates) on a free port, with the agent (`harness.agent`) on
+folder `harness.models.folder` generates), in the server's own environment where it has one
+(`harness.run.server_env`), on a free port, with the agent (`harness.agent`) on
 the server's `PYTHONPATH`. The agent connects back over an authenticated local connection; kvmem
 waits for the first request to succeed (a server may answer `/health` before its model has
 loaded), takes the baseline at rest, sends the traffic (`harness.run.traffic`), and asks the
@@ -36,17 +37,19 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from packaging.requirements import Requirement
 
 from ..agent import kvmem_agent
 from ..common.child import die_with_parent, how
 from ..judge.summary import ModelFacts
-from ..models import loading as models
-from ..models.folder import folder
+from ..models.loading import ModelError
+from ..models.serving import ServedModel, prepare
 from ..scenario import ScenarioSpec
-from ..scenario.server import Idle
+from ..scenario.server import Idle, ServerSpec
 from . import traffic
 from .engines import RUNTIME_SLACK, RunFailure
 from .probe import Probe, Sample
+from .server_env import environment
 
 AGENT_DIR = Path(kvmem_agent.__file__).parent
 HOST = "127.0.0.1"
@@ -58,6 +61,28 @@ REPLY_SLACK = 30.0  # seconds the agent may take beyond its settle time to answe
 class ServerError(RunFailure):
     """The server did not start, died, or stopped answering; the message says how, with the
     tail of its output."""
+
+
+def interpreter(server: ServerSpec) -> str | None:
+    """The Python of the server's own environment (`server.python`, or the one kvmem builds
+    from `server.requires`), or None: kvmem's."""
+    if server.python is not None:
+        found = shutil.which(server.python)
+        if found is None:
+            raise ServerError(f"server.python: no interpreter {server.python!r}")
+        return found
+    return str(environment(server)) if server.own_environment else None
+
+
+def served(spec: ScenarioSpec) -> ServedModel:
+    """The model folder the server loads, its geometry and weights, from the server's own
+    Python where it has one."""
+    server = spec.serving()
+    names = tuple(Requirement(r).name for r in [*server.requires, *server.requires_no_deps])
+    try:
+        return prepare(spec.model.choice(), interpreter(server), names)
+    except ModelError as exc:  # an unwritable cache names the path; a failed build, why
+        raise ServerError(str(exc)) from None
 
 
 def free_port(host: str = HOST) -> int:
@@ -78,12 +103,10 @@ class ServerEngine:
         self.server = spec.serving()
         self.probe = probe
         self.progress = progress
-        choice = spec.model.choice()
-        self.geometry, self.weights = models.describe(choice)
-        try:
-            self.model = folder(choice)
-        except models.ModelError as exc:  # an unwritable cache: its message names the path
-            raise ServerError(str(exc)) from None
+        self.python = interpreter(self.server) or sys.executable
+        model = served(spec)
+        self.model, self.geometry, self.weights = model.folder, model.geometry, model.weights
+        self.packages = model.packages
         self._workdir = Path(tempfile.mkdtemp(prefix="kvmem-server-"))
         self._log = self._workdir / "server.log"
         self._process: subprocess.Popen | None = None
@@ -106,14 +129,15 @@ class ServerEngine:
         assert http is not None
         clients = max(phase.clients or http.clients for phase in http.phases
                       if not isinstance(phase, Idle))
-        kv = spec.geometry().minimum_bytes(traffic.longest_context(http))
-        return spec.weights_bytes() + 2 * (10 + clients) * kv + 2 * RUNTIME_SLACK
+        model = served(spec)
+        kv = model.geometry.minimum_bytes(traffic.longest_context(http))
+        return model.weights + 2 * (10 + clients) * kv + 2 * RUNTIME_SLACK
 
     # -- starting ---------------------------------------------------------------------------
 
     def _values(self, port: int) -> dict[str, str]:
         """What the placeholders of the command and of `workload.http.model` stand for."""
-        return {"python": sys.executable, "model": str(self.model),
+        return {"python": self.python, "model": str(self.model),
                 "model_dir": str(self.model.parent), "model_name": self.model.name,
                 "host": HOST, "port": str(port)}
 
@@ -347,7 +371,7 @@ class ServerEngine:
                           layers=len(self.geometry.layers), weights=self.weights,
                           folder=self.model.name, ready_s=round(self._ready_s, 3),
                           requests=self._served, disconnects=self._disconnects,
-                          rss_outside_gap=self._rss_gap)
+                          rss_outside_gap=self._rss_gap, packages=self.packages)
 
     def store_stats(self) -> dict[str, int | float] | None:
         """The logical size the agent read (`server.logical`) at the last sample."""

@@ -43,6 +43,17 @@ from .schedule import Scheduler, in_parallel, planned_steps
 Ran = tuple[TaskID, RunOutcome]  # a variant's progress bar and what its run gave
 
 
+def _environment(environment: dict[str, Any], outcome: RunOutcome) -> Environment:
+    """kvmem's environment with the packages the variant's components loaded (the pre-run
+    check saw them); for a server in an environment of its own, that environment's MLX, mlx-lm
+    and required packages, which produced the figures."""
+    own = outcome.model.packages if outcome.model is not None else None
+    versions = {} if own is None else {"mlx": own.get("mlx", "?"),
+                                       "mlx_lm": own.get("mlx-lm", "not installed")}
+    return Environment.model_validate({**environment, **versions,
+                                       "packages": {**outcome.variant.packages, **(own or {})}})
+
+
 def summarize(outcome: RunOutcome, environment: dict[str, Any],
               out: Path = Path()) -> tuple[pd.DataFrame, list[Finding], Summary]:
     """Samples, findings and the summary of one executed variant, whose report goes to `out`
@@ -67,9 +78,7 @@ def summarize(outcome: RunOutcome, environment: dict[str, Any],
         # Every detector's thresholds as applied: the gate sees a pull request that moves one.
         detect=spec.detect.model_dump(mode="json"),
         series=Series(active=series(frame)),
-        # The packages the variant's components loaded (the pre-run check saw them).
-        environment=Environment.model_validate({**environment,
-                                                "packages": outcome.variant.packages}),
+        environment=_environment(environment, outcome),
         **{name: value for name, value in optional.items() if value is not None})
     return frame, findings, summary.at(out / spec.name / outcome.variant.name / "summary.json")
 

@@ -148,25 +148,33 @@ def body(call: Call, model: str | None = None) -> dict:
 
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+# A request refused as malformed, or for a model the server does not know, where none was named:
+# a server that routes by model (vllm-mlx answers 422) needs workload.http.model.
+REFUSED = (400, 404, 422)
+UNNAMED = (" (the request named no model: if the server needs one, set workload.http.model, "
+           "e.g. \"{model}\" or \"{model_name}\")")
 
 
 def send(host: str, port: int, call: Call, timeout: float, model: str | None = None) -> Reply:
     """Send one call and read its reply (or as many chunks as the call reads before it
     disconnects); its session, if any, gains the user message and the reply."""
     connection = http.client.HTTPConnection(host, port, timeout=timeout)
+    name = f"request {call.index}" if call.index >= 0 else "the readiness request"
     try:
         connection.request("POST", PATHS[call.endpoint], json.dumps(body(call, model)),
                            {"Content-Type": "application/json"})
         response = connection.getresponse()
         if response.status != 200:
             text = response.read(400).decode("utf-8", "replace").strip()
-            raise TrafficError(f"request {call.index}: HTTP {response.status}: {text}")
+            raise TrafficError(f"{name}: HTTP {response.status}: {text}"
+                               + (UNNAMED if model is None and response.status in REFUSED
+                                  else ""))
         reply = _streamed(response, call) if call.stream else _whole(response)
     except TimeoutError:
-        raise TrafficError(f"request {call.index}: no reply within {timeout:g} s: the server "
-                           "stopped answering") from None
+        raise TrafficError(f"{name}: no reply within {timeout:g} s: the server stopped "
+                           "answering") from None
     except (OSError, http.client.HTTPException, ValueError) as exc:
-        raise TrafficError(f"request {call.index}: {type(exc).__name__}: {exc}") from None
+        raise TrafficError(f"{name}: {type(exc).__name__}: {exc}") from None
     finally:
         connection.close()
     if call.session is not None:

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from ..common.echo import MAX_ECHO, clip, echo
 from ..common.errors import BadInput
+from ..components.registry import Binding
 from ..components.registry import check as check_components
 from ..models import loading as models
 from . import checks
@@ -242,16 +243,25 @@ def _load(path: Path, variants: list[str] | None) -> list[Variant]:
         except ScenarioError as exc:
             raise ScenarioError(f"{path}: {where}{exc}") from None
         scenarios.append(Variant(path=path, name=name, spec=spec))
-        try:
-            bindings += checks.bindings(spec, where)
-        except models.ModelError as exc:
-            raise ScenarioError(f"{path}: {where}model: {exc}") from None
+        bindings += _bindings(spec, path, where)
     # Every component of every variant resolved and built, so a typo fails before any run;
     # user code is imported once per file, in a child (see components.check).
     checked = check_components(bindings)
     if checked.problems:
         raise ScenarioError(f"{path}: {checked.problems[0]}")
     return [dataclasses.replace(v, packages=checked.packages) for v in scenarios]
+
+
+def _bindings(spec: ScenarioSpec, path: Path, where: str) -> list[Binding]:
+    """The variant's components, to be checked; bad input where what it needs is not installed
+    or its model cannot be built."""
+    needed = checks.missing(spec)
+    if needed is not None:
+        raise ScenarioError(f"{path}: {where}{needed}")
+    try:
+        return checks.bindings(spec, where)
+    except models.ModelError as exc:
+        raise ScenarioError(f"{path}: {where}model: {exc}") from None
 
 
 def check_unique(variants: Sequence[Variant]) -> None:

@@ -103,6 +103,21 @@ def _check_cap_path(value: str | None) -> str | None:
     return value
 
 
+def _check_requirement(value: object) -> str:
+    """A requirement as pip and uv read it (`vllm-mlx==0.6.0`, `mlx[cpu]>=0.32; sys_platform ==
+    'linux'`): a name, extras, a version specifier, markers, or `name @ URL`."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    if not isinstance(value, str):
+        raise ValueError(f"expected a requirement (text), got {echo(value)}")
+    try:
+        Requirement(value)
+    except InvalidRequirement as exc:
+        raise ValueError(f"expected a requirement such as vllm-mlx==0.6.0, got {echo(value)}: "
+                         f"{str(exc).splitlines()[0]}") from None
+    return value
+
+
 def _check_module(value: str) -> str:
     if not _MODULE.match(value):
         raise ValueError(f"expected a module's import path (a.b.c), got {echo(value)}")
@@ -111,12 +126,21 @@ def _check_module(value: str) -> str:
 
 class ServerSpec(Strict):
     """`server:`: the command kvmem starts (placeholders {python}, {model}, {host}, {port}),
-    what it adds to it, and what the agent inside reads."""
+    what it adds to it, the environment it runs in, and what the agent inside reads."""
 
     command: Annotated[list[str], BeforeValidator(_check_command)] = Field(
         default_factory=lambda: _words(DEFAULT_COMMAND))
     args: list[Annotated[str, Field(strict=True)]] = Field(default_factory=list)
     env: dict[str, Annotated[str, Field(strict=True)]] = Field(default_factory=dict)
+    # The server's own environment: what it needs, built once with uv and cached by these exact
+    # requirements (`requires_no_deps`: installed without their declared dependencies); or
+    # `python`, an interpreter whose environment the server already has. Either way `{python}`
+    # is that interpreter, and the model folder is built by it. Neither: kvmem's own.
+    requires: list[Annotated[str, BeforeValidator(_check_requirement)]] = Field(
+        default_factory=list)
+    requires_no_deps: list[Annotated[str, BeforeValidator(_check_requirement)]] = Field(
+        default_factory=list)
+    python: Annotated[str, Field(strict=True, min_length=1)] | None = None
     # The byte count a server holds by design (its prompt cache): `module:Class.attribute`,
     # summed over every instance; null when the server has none to read.
     logical: Annotated[str | None, BeforeValidator(_check_import_path)] = DEFAULT_LOGICAL
@@ -143,6 +167,18 @@ class ServerSpec(Strict):
         elif self.logical == DEFAULT_LOGICAL:
             object.__setattr__(self, "cap", DEFAULT_CAP)  # mlx-lm's own, where it is read
         return self
+
+    @model_validator(mode="after")
+    def _check_python(self) -> ServerSpec:
+        if self.python is not None and (self.requires or self.requires_no_deps):
+            raise ValueError("python: an interpreter of your own, or requires: an environment "
+                             "kvmem builds; not both")
+        return self
+
+    @property
+    def own_environment(self) -> bool:
+        """The server runs in an environment other than kvmem's."""
+        return bool(self.python or self.requires or self.requires_no_deps)
 
     @model_validator(mode="after")
     def _check_env(self) -> ServerSpec:
