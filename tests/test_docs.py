@@ -109,6 +109,15 @@ FIGURES: dict[str, Callable[[], list[str]]] = {
         f"({_mib(_baseline('mlx_lm_server', 'cache_bytes_kv8')['store_stats']['nbytes'])} MiB "
         f"reported, {_baseline('mlx_lm_server', 'cache_bytes_kv8')['store_stats']['entries']} "
         "entries)"],
+    "vllm_mlx_server.yaml": lambda: [
+        f"{_mib(_metric('vllm_mlx_server', 'batched', 'final'), 1)} MiB after 16",
+        f"`gc_deferred` {_mib(_found('vllm_mlx_server', 'cache_memory', 'gc_deferred')['bytes'], 1)}",
+        f"holds {_mib(_metric('vllm_mlx_server', 'kv_quantized', 'final'), 1)} MiB at rest",
+        f"counts {_mib(_found('vllm_mlx_server', 'trie_stream', 'overclaimed')['bytes'], 1)} MiB"],
+    "mlx_lm_versions.yaml": lambda: [
+        f"{_mib(_metric('mlx_lm_versions', 'mlx_lm_0_31_3', 'steady'), 1)} MiB and "
+        f"{_mib(_metric('mlx_lm_versions', 'mlx_lm_0_32_2', 'steady'), 1)} MiB, "
+        f"{_mib(_metric('mlx_lm_versions', 'mlx_lm_0_32_2', 'retained'), 1)} MiB of it"],
     "canaries.yaml": lambda: [
         f"`leak` {_mib(_found('canaries', 'broken_eviction', 'leak')['bytes'])} MiB per request",
         f"`unbounded` {_mib(_found('canaries', 'no_limit', 'unbounded')['bytes'])} MiB per request "

@@ -24,7 +24,8 @@ def mlx_lm_servers() -> list[psutil.Process]:
     found = []
     for process in psutil.process_iter():
         try:
-            if "mlx_lm.server" in " ".join(process.cmdline()):
+            command = " ".join(process.cmdline())
+            if "mlx_lm.server" in command or "mlx_lm server" in command:  # either way started
                 found.append(process)
         except psutil.Error:
             pass
