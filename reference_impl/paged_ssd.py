@@ -39,6 +39,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from harness.common.units import parse_size
+from harness.components import mlx_lm_state
 from harness.components.protocols import LayerCache, join_ranges, state_range
 from harness.models.geometry import KIND_FULL, Geometry
 
@@ -157,7 +158,7 @@ def token_piece(cache: LayerCache, start: int, end: int) -> Piece:
 
 def state_piece(cache: LayerCache) -> Piece:
     """A copy of the whole state of a cache that cannot be cut by token."""
-    return piece(STATE, cache, cache.state)
+    return piece(STATE, cache, mlx_lm_state.state(cache))
 
 
 def restore_layer(pieces: list[Piece]) -> LayerCache:
@@ -172,7 +173,7 @@ def restore_layer(pieces: list[Piece]) -> LayerCache:
     state = join_ranges([p.state() for p in pieces]) if kind == TOKENS else pieces[-1].copy().state()
     module, _, name = cls_path.partition(":")
     cls = reduce(getattr, name.split("."), importlib.import_module(module))
-    return cls.from_state(state)
+    return mlx_lm_state.from_state(cls, state)
 
 
 def write_block(path: Path, block: Block) -> None:

@@ -45,6 +45,9 @@ import numpy as np
 from mlx_lm.models import base as mlx_lm_base
 from mlx_lm.models.cache import KVCache, _BaseCache, create_attention_mask
 
+from harness.components import mlx_lm_state
+from harness.components.mlx_lm_state import keys_and_values
+
 BITS = (2, 3, 4, 8)
 ON_RESTORE = ("keep", "dequantize")
 _WORD = 32
@@ -280,10 +283,10 @@ class TurboQuantKVCache(_BaseCache):
         before the first decode step the prefill as given (mlx's attention reads it as an fp16
         cache's), then `Held` keys and values (the codes, then any pending tokens)."""
         if not self.quantized:
-            return self.pending.keys_and_values()
+            return keys_and_values(self.pending)
         pending: tuple[mx.array | None, mx.array | None] = (None, None)
         if self.pending.offset:
-            pending = self.pending.keys_and_values()
+            pending = keys_and_values(self.pending)
         kc, ks, vc, vs = self._packed()
         flip = signs(self.head_dim, self.seed)
         return (Held(kc, ks, self.quantized, pending[0], flip),
@@ -305,7 +308,7 @@ class TurboQuantKVCache(_BaseCache):
         tokens at a time into room made once: a block's float32 intermediates are gone before
         the next block's are made, so the transient is a block's, not the prompt's."""
         if self.pending.offset:
-            keys, values = self.pending.keys_and_values()
+            keys, values = keys_and_values(self.pending)
             room = self.quantized + keys.shape[2]
             for start in range(0, keys.shape[2], self.step):
                 block = [keys[..., start : start + self.step, :], values[..., start : start + self.step, :]]
@@ -337,7 +340,7 @@ class TurboQuantKVCache(_BaseCache):
         parts = [p[..., start : min(end, self.quantized), :] for p in self.packed or []]
         if end <= self.quantized:
             return parts
-        k, v = self.pending.keys_and_values()
+        k, v = keys_and_values(self.pending)
         lo, hi = max(start - self.quantized, 0), end - self.quantized
         fresh = [*quantize(k[..., lo:hi, :], self.bits, self.seed),
                  *quantize(v[..., lo:hi, :], self.bits, self.seed)]
@@ -357,10 +360,8 @@ class TurboQuantKVCache(_BaseCache):
 
     def expanded(self) -> KVCache:
         """An fp16 `KVCache` holding every token, dequantized (16/b times the codes)."""
-        full = KVCache()
         keys, values = self._dequantized(self._parts(0, self.offset))
-        full.state = (keys, values, keys.shape[2])
-        return full
+        return mlx_lm_state.from_state(KVCache, (keys, values, keys.shape[2]))
 
     def _state(self, parts: list[mx.array], offset: int) -> tuple[Any, ...]:
         return (*parts, offset, self.head_dim, self.bits, self.on_restore, self.seed)
@@ -387,7 +388,8 @@ class TurboQuantKVCache(_BaseCache):
     @classmethod
     def from_state(cls, state: tuple[Any, ...]) -> TurboQuantKVCache | KVCache:
         """The cache `state` describes, or with `on_restore: dequantize` its fp16 expansion."""
-        cache = super().from_state(state)
+        cache = cls.__new__(cls)
+        cache.state = state
         return cache if cache.on_restore == "keep" else cache.expanded()
 
     @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from importlib import metadata
 
 import pytest
 
@@ -119,7 +120,8 @@ def test_update_then_check_runs_the_suite(tmp_path, capsys, monkeypatch):
 
     stale = tmp_path / "baselines" / "cpu" / "stale" / "v.json"     # its scenario is gone
     stale.parent.mkdir()
-    stale.write_text(json.dumps(summary("stale", "v")))
+    installed = {"mlx": metadata.version("mlx"), "mlx_lm": metadata.version("mlx-lm")}
+    stale.write_text(json.dumps(summary("stale", "v", environment=installed)))  # one version
     code, out, _ = cli(["baseline", "check"], capsys)
     assert (code, out) == (0, "✅ kvmem: no change (1 variant compared); 1 removed\n"
                               "  🗑️ Removed (1): stale/v\n")

@@ -15,12 +15,18 @@ from mlx_lm.models import gemma3_text, llama
 from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.cache import BatchRotatingKVCache, KVCache, RotatingKVCache
 
+from harness.components.mlx_lm_state import SPLIT
 from reference_impl.rotating import PreallocatedRotatingKVCache
 from reference_impl.rotating_batch import PreallocatedBatchRotatingKVCache
 from reference_impl.turboquant import TurboQuantKVCache, dequantize, quantize
 
 H, D, Q = 2, 32, 4  # kv heads, head dim, query heads
 SCALE = D**-0.5
+# The reference caches keep mlx-lm 0.32's single `state`; before 0.32 mlx-lm saved a cache's
+# state and meta_state apart, so its files and its classes' states are not interchangeable
+# with theirs there (docs/reference_caches.md).
+SAME_STATE = pytest.mark.skipif(SPLIT, reason="mlx-lm before 0.32 keeps state and meta_state "
+                                "apart; the reference caches follow 0.32's single state")
 
 
 def kv(seed: int, n: int, batch: int = 1) -> tuple[mx.array, mx.array]:
@@ -152,6 +158,7 @@ def mlx_lm_knows_kvmem(monkeypatch):
         monkeypatch.setattr(mlx_cache, cls.__name__, cls, raising=False)
 
 
+@SAME_STATE
 @pytest.mark.usefixtures("mlx_lm_knows_kvmem")
 @pytest.mark.parametrize("make,steps,batch", [
     (lambda: PreallocatedRotatingKVCache(8, keep=2), [11, 1, 1], 1),  # wrapped
@@ -181,6 +188,7 @@ class BatchRotating(PreallocatedBatchRotatingKVCache, single=Rotating):
     pass
 
 
+@SAME_STATE
 def test_a_subclass_pair_merges_and_extracts_into_each_other_and_saves_as_itself(tmp_path, monkeypatch):
     for cls in (Rotating, BatchRotating):
         monkeypatch.setattr(mlx_cache, cls.__name__, cls, raising=False)
@@ -216,6 +224,7 @@ STATE_STEPS = {"partial": [3], "past-the-window": [12], "chunk-after-history": [
                "grown": [1, 1, 1]}
 
 
+@SAME_STATE
 @pytest.mark.parametrize("steps", STATE_STEPS)
 @pytest.mark.parametrize("make,batch", [
     (lambda n: RotatingKVCache(n, keep=2), 1),
@@ -241,6 +250,7 @@ def test_a_state_saved_loads_in_the_other_class_and_carries_on_alike(steps, make
     attend_both(source, loaded, [1, 1, 6, 1, 1], batch=batch, seed=1200)
 
 
+@SAME_STATE
 @pytest.mark.parametrize("theirs,ours,steps,batch", [
     (lambda: RotatingKVCache(8), lambda: PreallocatedRotatingKVCache(8), [5], 1),
     (lambda: RotatingKVCache(8), lambda: PreallocatedRotatingKVCache(8), [9, 1], 1),

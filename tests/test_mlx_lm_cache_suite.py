@@ -23,6 +23,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from harness.models.folder import folder
 from harness.models.loading import ModelChoice
@@ -46,6 +47,23 @@ EXCLUDED: dict[str, dict[str, str]] = {
         "TestModels.test_gated_delta_masked": "a Metal kernel; MLX runs on its CPU backend here",
     },
 }
+# mlx-lm 0.31: two of its own tests fail with its own classes on the CPU stand-in model, and
+# its files hold a cache's state and meta_state apart, where the reference caches keep 0.32's
+# single state (docs/reference_caches.md).
+OWN_STATE = "mlx-lm before 0.32 saves state and meta_state apart; the reference caches keep one"
+if Version(VERSION) < Version("0.32"):
+    EXCLUDED["test_generate.py"] |= {
+        "TestGenerate.test_generate_with_processor":
+            "fails with mlx-lm 0.31's own classes here (6 != 8 tokens processed)",
+        "TestGenerate.test_batch_continued_generation_ssm":
+            "fails with mlx-lm 0.31's own classes here",
+    }
+    EXCLUDED["test_prompt_cache.py"] |= {
+        "TestPromptCache.test_save_load_batch_caches": OWN_STATE,
+        "TestPromptCache.test_save_load_cache_list": OWN_STATE,
+        "TestPromptCache.test_save_load_mixed_cache": OWN_STATE,
+        "TestPromptCache.test_save_load_rotating_cache": OWN_STATE,
+    }
 
 
 def _download(folder: Path) -> Path | None:

@@ -9,6 +9,7 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models import cache as mlx_cache
 
+from harness.components.mlx_lm_state import SPLIT, from_state
 from harness.components.protocols import (
     LayerCache,
     Session,
@@ -79,6 +80,8 @@ def mlx_lm_knows_kvmem(monkeypatch):
         monkeypatch.setattr(mlx_cache, cls.__name__, cls, raising=False)
 
 
+@pytest.mark.skipif(SPLIT, reason="mlx-lm before 0.32 saves state and meta_state apart; the "
+                    "reference caches follow 0.32's single state")
 @pytest.mark.usefixtures("mlx_lm_knows_kvmem")
 @pytest.mark.parametrize("kind", ["single", "batch"])
 def test_save_and_load_prompt_cache_round_trip(tmp_path, kind):
@@ -117,7 +120,7 @@ def test_turboquant_dequantize_loads_as_its_fp16_expansion():
 def test_an_empty_cache_round_trips_too():
     for cache in (PreallocatedRotatingKVCache(8), TurboQuantKVCache(D, on_restore="keep"),
                   RecurrentState(GEOMETRY.layers[1])):
-        copy = type(cache).from_state(cache.state)
+        copy = from_state(type(cache), cache.state)
         assert copy.empty() and copy.nbytes == 0 and copy.offset == 0
         fill([cache, copy], [3, 1])
         assert_same_state(copy, cache)
@@ -130,11 +133,11 @@ def test_token_ranges_join_back_into_the_cache(make):
     cache = make()
     fill([cache], [70, 1, 1])  # TurboQuant: all codes; mlx-lm's: spare slots past the offset
     cuts = [state_range(cache, a, b) for a, b in ((0, 32), (32, 64), (64, 72))]
-    joined = type(cache).from_state(join_ranges(cuts))
+    joined = from_state(type(cache), join_ranges(cuts))
     assert joined.offset == cache.offset == 72
-    whole = type(cache).from_state(state_range(cache, 0, 72))
+    whole = from_state(type(cache), state_range(cache, 0, 72))
     assert_same_state(joined, whole)
-    first = type(cache).from_state(join_ranges(cuts[:2]))
+    first = from_state(type(cache), join_ranges(cuts[:2]))
     assert first.offset == 64
 
 
@@ -173,7 +176,9 @@ def test_components_follow_their_protocols():
     # mlx-lm's can_trim_prompt_cache asks is_trimmable: a window is trimmable until it wraps,
     # TurboQuant always, a recurrent state never.
     assert [c.is_trimmable() for c in caches] == [True, True, True, False]
-    assert isinstance(mlx_cache.KVCache(), Trimmable)
+    used = mlx_cache.KVCache()  # before mlx-lm 0.32 a fresh one's `state` cannot be read
+    fill([used], [1])
+    assert isinstance(used, Trimmable)
     assert isinstance(TurboQuantKVCache(D), TokenRanged)
     paged = PagedSSDStore(GEOMETRY)
     try:

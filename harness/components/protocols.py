@@ -109,7 +109,9 @@ def state_range(cache: LayerCache, start: int, end: int) -> Any:
     own = getattr(cache, "state_range", None)
     if own is not None:
         return own(start, end)
-    state: Any = cache.state
+    from .mlx_lm_state import state as merged  # mlx-lm's, as its 0.32 keeps it
+
+    state: Any = merged(cache)
     tokens = tree_flatten(state[:2]) if isinstance(state, (tuple, list)) and len(state) > 2 else []
     if not tokens or not all(isinstance(pair[1], mx.array) for pair in tokens):
         raise TypeError(

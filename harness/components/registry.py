@@ -152,11 +152,15 @@ def _build(binding: Binding) -> str | None:
 
 def _has(built: Any, member: str) -> bool:
     """Whether `built` has `member`; a property that raises (a wrapper whose inner store lacks
-    it) does not count."""
+    it) does not count, except one of mlx-lm's own caches: before 0.32 a fresh KVCache's
+    `state` cannot be read until its first update."""
+    from mlx_lm.models.cache import _BaseCache
+
     try:
         getattr(built, member)
     except Exception:
-        return False
+        return isinstance(built, _BaseCache) and isinstance(getattr(type(built), member, None),
+                                                            property)
     return True
 
 
