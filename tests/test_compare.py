@@ -482,13 +482,15 @@ def test_measured_spread_widens_the_peak_floor_by_half_again():
                          summary("s", "v", peak=304 * MiB)))["peak"] == "improvement"
 
 
-def test_the_wider_side_and_the_configured_floor_win():
+def test_the_base_spread_and_the_configured_floor_win_never_the_head_spread():
     base = noisy(summary("s", "v", peak=100 * MiB, largest_spike=20 * MiB, compare={
-        "largest_spike": {"abs": "16 MiB"}}), peak=2 * MiB, largest_spike=6 * MiB)
+        "largest_spike": {"abs": "16 MiB"}}), peak=4 * MiB, largest_spike=6 * MiB)
     head = noisy(summary("s", "v", peak=100 * MiB, largest_spike=20 * MiB, compare={
-        "largest_spike": {"abs": "16 MiB"}}), runs=3, peak=4 * MiB)
+        "largest_spike": {"abs": "16 MiB"}}), runs=3, peak=8 * MiB)
     deltas = {d.metric: d for d in pair(base, head).entries[0].deltas}
-    assert deltas["peak"].tolerance == Tolerance(0.0, 6 * MiB, Noise(4 * MiB, 3),
+    # The base's 4 MiB spread widens the floor to 6 MiB; the head's 8 MiB would give 12 MiB,
+    # a tolerance the head chose for itself.
+    assert deltas["peak"].tolerance == Tolerance(0.0, 6 * MiB, Noise(4 * MiB, 5),
                                                      least=SMALL_LEAST)
     assert deltas["largest_spike"].tolerance == Tolerance(0.0, 16 * MiB)   # 9 < 16 MiB
     assert deltas["steady"].tolerance == Tolerance(0.0, 256)                # exact: never

@@ -90,9 +90,9 @@ def test_no_after_is_flagged_in_ten_runs(path, variant, allowed):
 
 
 def test_the_seed_size_file_does_not_fit_this_machine():
-    """full/gemma26b_hot_full.yaml is refused on a 24 GiB machine: every variant's estimate (the
-    harness's, including the store's estimate_bytes) is above 24 GiB."""
-    scenarios = load(SCENARIOS / "full" / "gemma26b_hot_full.yaml")
+    """scenarios-large/gemma26b_hot_full.yaml is refused on a 24 GiB machine: every variant's
+    estimate (the harness's, including the store's estimate_bytes) is above 24 GiB."""
+    scenarios = load(SCENARIOS.parent / "scenarios-large" / "gemma26b_hot_full.yaml")
     assert len(scenarios) == 6
     for scenario in scenarios:
         assert estimate_bytes(scenario.spec) > 24 * 2**30, scenario.variant

@@ -119,10 +119,9 @@ def pull_request(args: argparse.Namespace, console: Console) -> int:
     """The pull-request check: the head's runs (or `--from` reports) against the baselines
     committed at --base, with the changes the head makes to them. Exit 0 pass, 1 a regression
     or a rejected change, 2 bad input or a run that did not complete (after writing the
-    comment, which says which)."""
-    from ..gate import git, pr
+    comment, which says which, crashes included)."""
+    from ..gate import git, identity, pr
 
-    errors = options.errors()
     top = git.toplevel(Path.cwd())
     sha = git.commit(args.base, top)
     root = Path(args.dir).resolve()
@@ -130,31 +129,102 @@ def pull_request(args: argparse.Namespace, console: Console) -> int:
         raise BadInput(f"--dir {args.dir}: not inside the repository at {top}")
     folder = PurePosixPath(root.relative_to(top).as_posix())
     paths = args.paths or [str(options.DEFAULT_SCENARIOS)]
-    if args.source:
-        head = options.summaries([args.source])
-    else:
-        variants = options.variants(paths, console=errors)
-        from ..run.suite import run_variants
-
-        head = run_variants(variants, Path(args.reports), errors, jobs=args.jobs)
-        errors.print(term.results(head))
-        term.failures(errors, head)
+    backend = args.backend or _this_backend()
+    head, crashed = _head_runs(args, paths)
+    on = [s for s in head if s.backend == backend]
+    notes: list[str] = []
+    defined = (_base_definitions(sha, top, folder, notes), _head_definitions(paths, head, top, notes))
     covered = [PurePosixPath(os.path.normpath(os.path.relpath(p))) for p in paths]
-    backends = {s.backend for s in head}
-    keep = lambda found: {path: s for path, s in found.items()
-                          if pr.selected([s], covered, backends)}
+    names = {s.scenario for s in on} | {key[0] for key in defined[1]}
+    keep = lambda found: {path: s for path, s in found.items() if s.backend == backend and (
+        s.scenario in names or pr.selected([s], covered, {backend}))}
     old = keep(pr.parse_baselines(git.read_folder(sha, top, folder), f"{args.base}:{folder}"))
     new = keep(pr.parse_baselines(pr.read_tree(root), args.dir))
     rel, abs_ = options.tolerance_flags(args)
-    comparison = pr.judge(compare(list(old.values()), head, rel, abs_), old, new, args.accept)
+    if crashed is not None:
+        comparison = head_failed(list(old.values()), crashed)
+    else:
+        comparison = compare(list(old.values()), on, rel, abs_)
+        identity.off_backend(comparison, head, backend)
+        commits = {path: git.last_change(top, folder / path) for path in set(old) | set(new)
+                   if path not in old or path not in new or old[path].to_json() != new[path].to_json()}
+        comparison = pr.judge(comparison, old, new, args.accept, defined, commits, (rel, abs_))
+    comparison.notes += notes
     comparison.artifact_url = args.artifact_url or os.environ.get("KVMEM_ARTIFACT_URL") or None
-    out = Path(args.out)
+    _write_gate(comparison, Path(args.out), console)
+    return 2 if crashed is not None or any(not s.ok for s in head) else comparison.exit_code
+
+
+def _this_backend() -> str:
+    from ..run.environment import backend
+
+    return backend()
+
+
+def _head_runs(args: argparse.Namespace, paths: list[str]) -> tuple[list[Summary], str | None]:
+    """The head's summaries, read `--from` reports or run here; a head that cannot even start
+    (a scenario refused, a component that crashes on import) gives none and its error, so that
+    the comment still says what happened."""
+    errors = options.errors()
+    try:
+        if args.source:
+            return options.summaries([args.source]), None
+        variants = options.variants(paths, console=errors)
+    except BadInput as exc:
+        if args.source:
+            raise
+        errors.print(f"error: {escape(str(exc))}", highlight=False)
+        return [], str(exc)
+    from ..run.suite import run_variants
+
+    head = run_variants(variants, Path(args.reports), errors, jobs=args.jobs)
+    errors.print(term.results(head))
+    term.failures(errors, head)
+    return head, None
+
+
+def _base_definitions(sha: str, top: Path, folder: PurePosixPath,
+                      notes: list[str]) -> dict:
+    """What the scenario files behind the base's baselines asked, read from git at the base."""
+    from ..gate import definition, git, pr
+
+    baselines = pr.parse_baselines(git.read_folder(sha, top, folder), f"{sha[:12]}:{folder}")
+    files = {f for s in baselines.values()
+             if (f := definition.repository_path(s.scenario_file, top)) is not None}
+    return definition.read(files, lambda f: git.read_file(sha, top, f), notes, "base")
+
+
+def _head_definitions(paths: list[str], head: list[Summary], top: Path,
+                      notes: list[str]) -> dict:
+    """What the head's scenario files ask: those under the check's paths and those its
+    summaries name, read from the working tree as data."""
+    from ..gate import definition
+    from ..scenario.load import discover
+
+    try:
+        found = [Path(p).resolve() for p in discover(paths)]
+    except BadInput:
+        found = []
+    files = {f for p in found if (f := definition.repository_path(str(p), top)) is not None}
+    files |= {f for s in head if (f := definition.repository_path(
+        str(Path(s.scenario_file).resolve()) if s.scenario_file else None, top)) is not None}
+    return definition.read(files, lambda f: _read(top / f), notes, "head")
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _write_gate(comparison: Comparison, out: Path, console: Console) -> None:
+    """The comment, the JSON and the JUnit under `out`; the text on stdout."""
     for name, fmt in (("memory-delta.md", "markdown"), ("memory-delta.json", "json"),
                       ("memory-delta.xml", "junit")):
         options.write(out / name, RENDERERS[fmt](comparison))
     sys.stdout.write(render_text(comparison))
     console.print(f"comment, JSON and JUnit written under {out}/", highlight=False)
-    return 2 if any(not s.ok for s in head) else comparison.exit_code
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -219,6 +289,10 @@ def _add_gate(sub: argparse._SubParsersAction) -> None:
     pull.add_argument("--from", dest="source", metavar="REPORTS",
                       help="judge the summaries under REPORTS instead of running the scenarios")
     pull.add_argument("--dir", default="baselines", help="baselines folder (default: baselines)")
+    pull.add_argument("--backend", metavar="NAME",
+                      help="the backend whose baselines judge the head (cpu, metal, cuda; "
+                           "default: the one this machine runs MLX on); a head summary from "
+                           "another backend fails the check")
     pull.add_argument("--reports", default="reports",
                       help="where the runs' reports go (default: reports)")
     pull.add_argument("--out", default="kvmem-gate",

@@ -79,6 +79,13 @@ class Entry:
     # `gate pr`: a metric regression the pull request re-recorded the baseline for and carries
     # the acceptance of (never a run that failed on its own).
     accepted: bool = False
+    # `gate pr`: why the judge does not take the head's summary for this variant (it ran on
+    # another backend than the check judges), or why a variant the head still defines has none.
+    refusal: str | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.scenario, self.variant
 
     @property
     def label(self) -> str:
@@ -93,6 +100,8 @@ class Entry:
         """Why the head's run fails on its own, whatever the base: it did not complete, or it
         broke its own expectations (a canary that stopped detecting, a new variant that fails).
         No baseline and no tolerance can make such a run pass."""
+        if self.refusal is not None:
+            return self.refusal
         if self.head is None:  # removed, or the head produced no summaries at all
             return (self.note or "the head produced no summary") if self.state == FAILED else None
         if not self.head.ok:
@@ -191,10 +200,10 @@ def _pair(base: Summary, head: Summary, rel: dict, abs_: dict) -> Entry:
     for name in gated():
         b, h = base.metric(name), head.metric(name)
         if b is not None and h is not None:
-            noise = base.noise(name), head.noise(name)
-            widest = max((n for n in noise if n), key=lambda n: n.spread, default=None)
-            limit = limits[name].scaled(scenario_size).widened(widest)
-            entry.deltas.append(MetricDelta(name, b, h, limit, *noise))
+            # Only the base's measured noise widens a tolerance: a spread the head reports is
+            # the head's word, and a wider one would loosen its own judge.
+            limit = limits[name].scaled(scenario_size).widened(base.noise(name))
+            entry.deltas.append(MetricDelta(name, b, h, limit, base.noise(name), head.noise(name)))
     if _versions(base) != _versions(head):
         entry.note = "mlx/mlx-lm {} vs {}".format(*("/".join(_versions(s)) for s in (base, head)))
     return entry

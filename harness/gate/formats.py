@@ -68,7 +68,8 @@ def _change_json(change: Change, accepted: bool) -> dict:
             "loosens": change.loosens, "status": change.status(accepted),
             "why": why_not(change, accepted) or None,
             "recorded": None if recorded is None else
-            {"by": recorded.by, "at": recorded.at, "reason": recorded.reason}}
+            {"by": recorded.by, "at": recorded.at, "reason": recorded.reason},
+            "commit": change.commit}
 
 
 def render_json(comparison: Comparison) -> str:

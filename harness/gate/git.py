@@ -66,3 +66,23 @@ def read_folder(sha: str, top: Path, folder: PurePosixPath) -> dict[PurePosixPat
         files[path] = out[header_end + 1:header_end + 1 + size]
         at = header_end + 1 + size + 1
     return files
+
+
+def read_file(sha: str, top: Path, path: PurePosixPath) -> bytes | None:
+    """The file at `path` (relative to the top of the tree) at commit `sha`; None when the
+    commit has no such file."""
+    try:
+        return _git(["cat-file", "blob", f"{sha}:{path}"], top)
+    except CompareError:
+        return None
+
+
+def last_change(top: Path, path: PurePosixPath) -> str:
+    """Who last changed `path` in the checked-out history, and in which commit (`a1b2c3d4e5f6
+    by Name <mail>`), from git rather than from what the file says of itself; `uncommitted`
+    when the working tree differs from it."""
+    if _git(["status", "--porcelain", "--", str(path)], top).strip():
+        return "uncommitted changes in the working tree"
+    line = _git(["log", "-1", "--format=%H%x1f%an <%ae>", "--", str(path)], top).decode()
+    sha, _, author = line.strip().partition("\x1f")
+    return f"{sha[:12]} by {author}" if sha else "no commit"

@@ -30,6 +30,7 @@ class Change:
     loosens: bool
     recorded: Recorded | None = None
     refused: str | None = None
+    commit: str | None = None  # `gate pr`: the head's commit that made it (SHA, author)
 
     def status(self, accepted: bool) -> str:
         """`refused`, `needs acceptance`, `accepted` (a loosening the PR accepts) or `tightens`."""
@@ -65,6 +66,17 @@ def _stated(value: object) -> str:
     return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
 
 
+# An expectation one side does not state: dropped by the head, or new in it.
+DROPPED, NOT_STATED = "(dropped)", "(not stated)"
+
+
+def _applied(base: Summary, side: Summary) -> dict[str, Tolerance]:
+    """The tolerances `side` states, as the gate would apply them to this variant: scaled to the
+    base's peak and widened by the base's measured noise, so a row shows what judged the run."""
+    return {name: limit.scaled(base.metric("peak")).widened(base.noise(name))
+            for name, limit in tolerances(side).items()}
+
+
 def _limit(metric: str, tolerance: Tolerance) -> str:
     """`4 MiB`, `4 MiB and 5%`: a tolerance as a scenario states it."""
     floor = (format_bytes(tolerance.abs) if METRICS[metric].unit == BYTES
@@ -91,14 +103,14 @@ def policy_changes(base: Summary, head: Summary) -> list[PolicyChange]:
     detector the base did not have add a check. Thresholds are compared only where both sides
     recorded them (summaries before they did have none). Both `compare`
     blocks are checked: a malformed one is bad input naming its file."""
-    limits = tolerances(base), tolerances(head)
+    limits = _applied(base, base), _applied(base, head)
     changes = [PolicyChange(f"compare.{name}", _limit(name, old), _limit(name, new),
                             new.abs > old.abs or new.rel > old.rel)
                for name, old in limits[0].items() if old != (new := limits[1][name])]
     expected = _expected(base), _expected(head)
     names = list(expected[0]) + [name for name in expected[1] if name not in expected[0]]
-    changes += [PolicyChange(f"expect.{name}", expected[0].get(name), expected[1].get(name),
-                             name in expected[0])
+    changes += [PolicyChange(f"expect.{name}", expected[0].get(name, NOT_STATED),
+                             expected[1].get(name, DROPPED), name in expected[0])
                 for name in names if expected[0].get(name) != expected[1].get(name)]
     if base.detect is not None and head.detect is not None:
         thresholds = _thresholds(base), _thresholds(head)

@@ -23,9 +23,11 @@ from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
 from ..common.units import format_bytes
-from ..judge.metrics import noisy
+from ..judge.metrics import METRICS, noisy
 from ..judge.summary import Summary, SummaryError, summary_from_bytes
-from .compare import REMOVED, Comparison, Entry, compare
+from . import identity
+from .compare import COMPARED, REMOVED, Comparison, Entry, compare
+from .definition import Definitions, differences
 from .policy import ACCEPT_LABEL, Change, policy_changes
 from .render import format_value
 from .tolerance import tolerances
@@ -62,15 +64,21 @@ def _refusal(summary: Summary) -> str | None:
     return None
 
 
-def _changed(old: Summary, new: Summary) -> list[Change]:
+def _changed(old: Summary, new: Summary, commit: str | None) -> list[Change]:
     """What a re-recorded baseline changes, as the gate would judge it (the old one's
-    tolerances): each figure beyond tolerance, each tolerance a wider spread widens, each
-    tolerance, expectation or threshold it records differently."""
+    tolerances): each figure recorded worse (by any amount) or better beyond tolerance, each
+    tolerance a wider spread widens, each tolerance, expectation or threshold it records
+    differently. `commit`: the head's commit that last changed the file."""
     made = lambda what, before, after, loosens: Change(new.label, what, before, after, loosens,
-                                                       new.recorded)
+                                                       new.recorded, commit=commit)
     entry = compare([old], [new]).entries[0]
+    # Any figure recorded worse loosens, inside the tolerance too: else a baseline could ratchet
+    # up a tolerance's worth per pull request, each step unseen.
     rows = [made(f"baseline {d.metric}", format_value(d.metric, d.base),
-                 format_value(d.metric, d.head), d.verdict == "regression") for d in entry.changed]
+                 format_value(d.metric, d.head), worse)
+            for d in entry.deltas
+            if (worse := d.delta != 0 and METRICS[d.metric].worse(d.delta))
+            or d.verdict == "improvement"]
     limits = tolerances(old)
     for name in noisy():
         limit = limits[name].scaled(old.metric("peak"))
@@ -82,11 +90,15 @@ def _changed(old: Summary, new: Summary) -> list[Change]:
     return rows or [made("baseline", "recorded", "re-recorded, within tolerance", False)]
 
 
-def baseline_changes(old: Baselines, new: Baselines) -> list[Change]:
-    """Every committed baseline the pull request adds, removes or rewrites."""
+def baseline_changes(old: Baselines, new: Baselines,
+                     commits: dict[PurePosixPath, str] | None = None) -> list[Change]:
+    """Every committed baseline the pull request adds, removes or rewrites; `commits`: the
+    head's commit (SHA and author) that last changed each file, which the comment names as its
+    recorder rather than the name the file carries."""
     changes = []
     for path in sorted(set(old) | set(new)):
         before, after = old.get(path), new.get(path)
+        commit = (commits or {}).get(path)
         if before is not None and after is not None and before.to_json() == after.to_json():
             continue
         if after is None:
@@ -97,12 +109,12 @@ def baseline_changes(old: Baselines, new: Baselines) -> list[Change]:
         if refused is not None:
             changes.append(Change(after.label, "baseline", "recorded" if before else "(none)",
                                   "rewritten" if before else "added", True, after.recorded,
-                                  refused))
+                                  refused, commit))
         elif before is None or before.key != after.key or before.backend != after.backend:
             changes.append(Change(after.label, "baseline", "(none)", "added", False,
-                                  after.recorded))
+                                  after.recorded, commit=commit))
         else:
-            changes += _changed(before, after)
+            changes += _changed(before, after, commit)
     return changes
 
 
@@ -115,19 +127,23 @@ def _yardstick(comparison: Comparison) -> list[Change]:
                       for e in comparison.having(REMOVED)]
 
 
-def _accept(entry: Entry, new: Summary, accepted: bool) -> None:
+def _accept(entry: Entry, new: Summary, commit: str | None, accepted: bool) -> None:
     """Accept a metric regression whose baseline the pull request re-records to what its run
-    measures, where the acceptance is given; else say what is missing."""
-    said = f" (by {new.recorded.by}: {new.recorded.reason})" if new.recorded else ""
+    measures, where the acceptance is given; else say what is missing. `commit`: the head's
+    commit that re-recorded it (who, by git), else the name the file gives."""
+    by = commit or (new.recorded.by if new.recorded else None)
+    reason = f": {new.recorded.reason}" if new.recorded else ""
+    said = f" ({by}{reason})" if by else ""
     if accepted:
         entry.accepted = True
         entry.note = f"accepted: the pull request re-records its baseline{said}"
     else:
         entry.note = (f"its baseline is re-recorded here{said}: a maintainer accepts it with the "
-                      f"`{ACCEPT_LABEL}` label")
+                      f"{ACCEPT_LABEL} label")
 
 
-def _listed_once(changes: list[Change], entries: list[Entry], rerecorded: dict[tuple, Summary],
+def _listed_once(changes: list[Change], entries: list[Entry],
+                 rerecorded: dict[tuple, tuple[Summary, str | None]],
                  accepted: bool) -> list[Change]:
     """The changes, less each re-recorded figure that its variant's row already shows: where a
     baseline is re-recorded to what the run measures, `baseline peak 1 → 3 MiB` is the delta
@@ -135,7 +151,8 @@ def _listed_once(changes: list[Change], entries: list[Entry], rerecorded: dict[t
     accepted; a run that does not match its new baseline keeps both and fails."""
     shown: dict[str, set[str]] = {}
     for entry in entries:
-        new = rerecorded.get((*entry.head.key, entry.head.backend)) if entry.head else None
+        new, commit = (rerecorded.get((*entry.head.key, entry.head.backend), (None, None))
+                       if entry.head else (None, None))
         if new is None or entry.head is None or entry.failure is not None:
             continue
         if compare([new], [entry.head]).regressions:
@@ -143,18 +160,35 @@ def _listed_once(changes: list[Change], entries: list[Entry], rerecorded: dict[t
             continue
         shown[entry.label] = {f"baseline {d.metric}" for d in entry.changed}
         if entry.verdict == "regression":
-            _accept(entry, new, accepted)
+            _accept(entry, new, commit, accepted)
     return [c for c in changes if c.what not in shown.get(c.label, set())]
 
 
-def judge(comparison: Comparison, old: Baselines, new: Baselines, accepted: bool) -> Comparison:
+def _measured(comparison: Comparison, defined: tuple[Definitions, Definitions]) -> list[Change]:
+    """Each change the head's scenario files make to what a compared variant measures (its
+    model, workload, components, sampling, server): all loosen, as the old figures no longer
+    judge the same thing."""
+    return [Change(e.label, f"scenario {path}", before, after, True)
+            for e in comparison.having(COMPARED)
+            if e.key in defined[0] and e.key in defined[1]
+            for path, before, after in differences(defined[0][e.key], defined[1][e.key])]
+
+
+def judge(comparison: Comparison, old: Baselines, new: Baselines, accepted: bool,
+          defined: tuple[Definitions, Definitions] = ({}, {}),
+          commits: dict[PurePosixPath, str] | None = None,
+          flags: tuple[dict[str, float], dict[str, float]] = ({}, {})) -> Comparison:
     """`comparison` (the head's runs against the baselines at the base) with the changes the
-    pull request makes to them, each listed once, and the acceptance applied."""
-    changes = baseline_changes(old, new)
+    pull request makes to them, each listed once, and the acceptance applied. `defined`: what
+    the scenario files ask at the base and at the head (harness.gate.definition); `commits`:
+    the head's commit behind each baseline file; `flags`: the command line's tolerances."""
+    identity.still_defined(comparison, defined[1])
+    changes = identity.renames(comparison, defined, *flags)
+    changes += baseline_changes(old, new, commits) + _measured(comparison, defined)
     seen = {(c.label, c.what, c.old, c.new) for c in changes}
     changes += [c for c in _yardstick(comparison) if (c.label, c.what, c.old, c.new) not in seen]
     refused = {c.label for c in changes if c.refused}
-    rerecorded = {(*s.key, s.backend): s for path, s in new.items()
+    rerecorded = {(*s.key, s.backend): (s, (commits or {}).get(path)) for path, s in new.items()
                   if (old.get(path) is None or old[path].to_json() != s.to_json())
                   and s.label not in refused}
     comparison.changes = _listed_once(changes, comparison.entries, rerecorded, accepted)

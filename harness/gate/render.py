@@ -12,6 +12,7 @@ COMMENT_LIMIT characters, well under GitHub's 65,536.
 
 from __future__ import annotations
 
+from ..common.echo import spelled
 from ..common.units import format_bytes
 from ..judge.metrics import BYTES, METRICS, gated
 from .compare import (
@@ -33,6 +34,30 @@ ICONS = {"regression": "🔴", "improvement": "🟢", "unchanged": "⚪"}
 STATE_TITLES = {NEW: "🆕 New", REMOVED: "🗑️ Removed", FAILED: "💥 Failed",
                 INCOMPARABLE: "⛔ Not compared"}
 BLOCKS = "▁▂▃▄▅▆▇█"
+
+
+# User text in the comment (reasons, notes, findings, values) is escaped where markdown or HTML
+# would act on it: a `<!--` in a reason would hide the rest of the comment, a `|` would break
+# its table, a newline its row.
+_MARKDOWN = str.maketrans({**{c: "\\" + c for c in "\\`<|[]"}, "\n": " ", "\r": " "})
+
+
+def md(text: object) -> str:
+    """`text` as literal markdown: nothing in it formats, links, comments out or splits a row."""
+    return str(text).translate(_MARKDOWN)
+
+
+def _esc(text: object, code: str) -> str:
+    """`text` escaped for the markdown comment (`code` is a backtick there), as is for text."""
+    return md(text) if code else str(text)
+
+
+def named(label: str, code: str = "`") -> str:
+    """A variant's label as code, with the code points of any character outside ASCII after
+    it, so two labels that look alike read apart."""
+    shown = spelled(label)
+    rest = shown[len(label):]
+    return f"{code}{label}{code}{_esc(rest, code)}"
 
 
 def format_value(metric: str, value: float, signed: bool = False) -> str:
@@ -144,14 +169,19 @@ def _changed_rows(comparison: Comparison) -> list[tuple[Entry, MetricDelta]]:
     return sorted(rows, key=lambda r: (order[r[1].verdict], r[0].label, names.index(r[1].metric)))
 
 
+def _stated_entry(entry: Entry, code: str) -> str:
+    """A variant's label, and why it is in its state where that is known."""
+    why = entry.refusal or entry.note
+    return named(entry.label, code) + (f" ({_esc(why, code)})" if why else "")
+
+
 def _state_lines(comparison: Comparison, code: str = "`", most: int = 20) -> list[str]:
     """One line per state (new, removed, ...) naming at most `most` variants."""
     lines = []
     for state, title in STATE_TITLES.items():
         entries = comparison.having(state)
         if entries:
-            names = ", ".join(f"{code}{e.label}{code}" + (f" ({e.note})" if e.note else "")
-                              for e in entries[:most])
+            names = ", ".join(_stated_entry(e, code) for e in entries[:most])
             more = f" and {len(entries) - most} more" if len(entries) > most else ""
             lines.append(f"{title} ({len(entries)}): {names}{more}")
     return lines
@@ -159,7 +189,7 @@ def _state_lines(comparison: Comparison, code: str = "`", most: int = 20) -> lis
 
 def _noise_lines(comparison: Comparison, code: str = "`", most: int = 20) -> list[str]:
     """One line naming the tolerances that measured run-to-run noise widened past the floor."""
-    widened = [f"{code}{e.label}{code} {d.metric} {format_tolerance(d.metric, d.tolerance)}"
+    widened = [f"{named(e.label, code)} {d.metric} {format_tolerance(d.metric, d.tolerance)}"
                for e in comparison.entries for d in e.deltas if d.tolerance.noise is not None]
     if not widened:
         return []
@@ -173,7 +203,7 @@ def _policy_lines(comparison: Comparison, code: str = "`", most: int = 20) -> li
     changed = comparison.policy_changes
     if not changed or comparison.changes:  # `gate pr` lists them with the other changes
         return []
-    names = ", ".join(f"{code}{e.label}{code} ({', '.join(p.name for p in e.policy)})"
+    names = ", ".join(f"{named(e.label, code)} ({', '.join(p.name for p in e.policy)})"
                       for e in changed[:most])
     more = f" and {len(changed) - most} more" if len(changed) > most else ""
     return [f"⚠️ The head changes tolerances or expectations of {_count(changed)}: {names}{more}; "
@@ -190,23 +220,24 @@ def why_not(change: Change, accepted: bool) -> str:
     return ""
 
 
-def _recorded(change: Change) -> tuple[str, str]:
-    """Who recorded the change and why, where a baseline update said so."""
-    if change.recorded is None:
-        return "", ""
-    return change.recorded.by, change.recorded.reason
+def _recorded(change: Change, code: str = "") -> tuple[str, str]:
+    """Who recorded the change and why: the head's commit that made it (git's word, with its
+    SHA) where the gate knows it, else the name the baseline file gives; the file's reason."""
+    by = change.commit or (change.recorded.by if change.recorded else "")
+    reason = change.recorded.reason if change.recorded else ""
+    return _esc(by, code), _esc(reason, code)
 
 
 def _change_lines(comparison: Comparison) -> list[str]:
     """The yardstick's changes as text: those that fail the check, then those accepted."""
     failing = [(c, why_not(c, comparison.accepted)) for c in comparison.changes]
-    lines = [f"rejected change: {c.label} {c.what} {c.old} -> {c.new}: {why}"
+    lines = [f"rejected change: {named(c.label, '')} {c.what} {c.old} -> {c.new}: {why}"
              for c, why in failing if why]
     for change, why in failing:
         if not why:
             by, reason = _recorded(change)
             said = f" (recorded by {by}: {reason})" if by else ""
-            lines.append(f"{change.status(comparison.accepted)} change: {change.label} "
+            lines.append(f"{change.status(comparison.accepted)} change: {named(change.label, '')} "
                          f"{change.what} {change.old} -> {change.new}{said}")
     return lines
 
@@ -220,15 +251,16 @@ def _change_sections(comparison: Comparison) -> list[tuple[list[str], list[str],
         sections.append((["#### ⛔ Changes to the yardstick that fail the check", "",
                           "| variant | what | old | new | why | recorded by | reason |",
                           "|---|---|--:|--:|---|---|---|"],
-                         [f"| `{c.label}` | {c.what} | {c.old} | {c.new} | {why} | "
-                          f"{' | '.join(_recorded(c))} |" for c, why in failing], [""]))
+                         [f"| {named(c.label)} | {md(c.what)} | {md(c.old)} | {md(c.new)} | "
+                          f"{md(why) if c.refused else why} | {' | '.join(_recorded(c, '`'))} |"
+                          for c, why in failing], [""]))
     passing = [c for c in comparison.changes if not why_not(c, comparison.accepted)]
     if passing:
         sections.append((["#### ✅ Accepted changes", "",
                           "| variant | what | old | new | status | recorded by | reason |",
                           "|---|---|--:|--:|---|---|---|"],
-                         [f"| `{c.label}` | {c.what} | {c.old} | {c.new} | "
-                          f"{c.status(comparison.accepted)} | {' | '.join(_recorded(c))} |"
+                         [f"| {named(c.label)} | {md(c.what)} | {md(c.old)} | {md(c.new)} | "
+                          f"{c.status(comparison.accepted)} | {' | '.join(_recorded(c, '`'))} |"
                           for c in passing], [""]))
     return sections
 
@@ -256,18 +288,20 @@ def failed_expectations(entry: Entry) -> list[dict]:
 
 def reasons(entry: Entry, code: str = "`") -> list[str]:
     """Why a variant regressed, in its head run's own words."""
-    lines = [entry.note] if entry.note and entry.failure is None else []
-    lines += [f"finding {code}{f['kind']}{code}{' (new)' if f['new'] else ''}: {f['message']}"
-              for f in findings(entry)]
-    lines += [f"expectation {code}{e['name']}{code} fails: expected {e['expected']}, got "
-              f"{e['actual']}" + (" (it held in the base)" if e["held_in_base"] else "")
+    lines = [_esc(entry.note, code)] if entry.note and entry.failure is None else []
+    lines += [f"finding {code}{_esc(f['kind'], code)}{code}{' (new)' if f['new'] else ''}: "
+              f"{_esc(f['message'], code)}" for f in findings(entry)]
+    lines += [f"expectation {code}{_esc(e['name'], code)}{code} fails: expected "
+              f"{_esc(e['expected'], code)}, got {_esc(e['actual'], code)}"
+              + (" (it held in the base)" if e["held_in_base"] else "")
               for e in failed_expectations(entry)]
     return lines
 
 
 def _accepted_lines(comparison: Comparison, code: str = "`") -> list[str]:
     """One line per variant whose change the pull request accepts, saying how (its note)."""
-    return [f"✅ {code}{e.label}{code}: {e.note}" for e in comparison.entries if e.accepted]
+    return [f"✅ {named(e.label, code)}: {_esc(e.note, code)}" for e in comparison.entries
+            if e.accepted]
 
 
 def _explained(comparison: Comparison) -> list[Entry]:
@@ -311,14 +345,15 @@ def _spark_rows(entry: Entry, width: int) -> list[str]:
 def render_markdown(comparison: Comparison, limit: int = COMMENT_LIMIT) -> str:
     changed = _changed_rows(comparison)
     sections: list[tuple[list[str], list[str], list[str]]] = [
-        ([MARKER, f"### {headline(comparison)}", ""]
+        ([MARKER, f"### {md(headline(comparison))}", ""]
          + [f"> {line}" for line in _policy_lines(comparison)]
-         + [f"> ⚠️ {n}" for n in comparison.notes]
+         + [f"> ⚠️ {md(n)}" for n in comparison.notes]
          + ([""] if comparison.notes or comparison.policy_changes else []), [], [])]
     if changed:
         sections.append((["| | variant | metric | base | head | Δ | Δ % | tolerance |",
                           "|:-:|---|---|--:|--:|--:|--:|--:|"],
-                         [f"| {'✅' if _accepted(e, d) else ICONS[d.verdict]} | `{e.label}` | {d.metric} | "
+                         [f"| {'✅' if _accepted(e, d) else ICONS[d.verdict]} | {named(e.label)} | "
+                          f"{d.metric} | "
                           f"{' | '.join(format_pair(d))} | "
                           f"**{format_value(d.metric, d.delta, True)}**{_exact(d)} | {format_percent(d)} | "
                           f"{format_tolerance(d.metric, d.tolerance)} |"
@@ -330,7 +365,7 @@ def render_markdown(comparison: Comparison, limit: int = COMMENT_LIMIT) -> str:
     if explained:
         sections.append((["Why, in the head run's own words:", ""],
                          [line for e in explained for line in
-                          [f"- `{e.label}`"] + [f"  - {reason}" for reason in reasons(e)]
+                          [f"- {named(e.label)}"] + [f"  - {reason}" for reason in reasons(e)]
                           + ([f"  - plots: {url}"] if url else [])], [""]))
     elif url:
         sections.append(([f"plots: {url}", ""], [], []))
@@ -349,7 +384,7 @@ def render_markdown(comparison: Comparison, limit: int = COMMENT_LIMIT) -> str:
         sections.append(([f"<details><summary>{_count(rest)} unchanged</summary>", "",
                           "| variant | " + " | ".join(names) + " |",
                           "|---|" + "--:|" * len(names)],
-                         [f"| `{e.label}` | " + " | ".join(
+                         [f"| {named(e.label)} | " + " | ".join(
                              format_value(d.metric, d.head) for d in e.deltas) + " |"
                           for e in rest], ["", "</details>", ""]))
     return _fit(sections, limit)

@@ -32,8 +32,9 @@ scenario (`expect.compare`) or the command line (`--abs`) sets is used as writte
 
 Measured noise. A summary recorded over several runs (`kvmem noise`, `baseline update --runs
 N`) carries the measured spread of peak and spike; their floor is then at least NOISE_MARGIN
-times the larger spread of base and head, after the scaling above (a measured spread is never
-scaled down), so a value measured once inside the recorded range never fails a pull request.
+times the base's spread, after the scaling above (a measured spread is never scaled down), so a
+value measured once inside the recorded range never fails a pull request. A spread the head
+reports is never used: it would let the head widen the tolerance that judges it.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ class Variant:
     # Installed packages (distribution -> version) that the file's user components loaded in
     # the pre-run check: their bounds on mlx and mlx-lm are checked, and summaries record them.
     packages: dict[str, str] = field(default_factory=dict)
+    override: bool = False  # the variant overrides the base (errors then name the variant)
 
     @property
     def scenario(self) -> str:
@@ -154,13 +155,16 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def _read_yaml(path: Path) -> Any:
-    """The file's YAML, or a ScenarioError naming the file and what is wrong with it."""
-    try:
-        with open(path, "rb") as stream:
-            data = stream.read(MAX_FILE_BYTES + 1)
-    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
-        raise ScenarioError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+def _read_yaml(path: Path, data: bytes | None = None) -> Any:
+    """The file's YAML (or that of `data`, its text read elsewhere, e.g. from git), or a
+    ScenarioError naming the file and what is wrong with it."""
+    if data is None:
+        try:
+            with open(path, "rb") as stream:
+                data = stream.read(MAX_FILE_BYTES + 1)
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+            raise ScenarioError(
+                f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     if len(data) > MAX_FILE_BYTES:
         raise ScenarioError(f"{path}: expected a scenario file of at most "
                             f"{MAX_FILE_BYTES // 2**20} MiB")
@@ -205,8 +209,32 @@ def load_variants(path: str | Path, variants: list[str] | None = None) -> list[V
         raise ScenarioError(_printable(f"{path}: nested too deeply")) from None
 
 
+def definitions(path: Path, data: bytes | None = None) -> dict[str, ScenarioSpec]:
+    """Each variant's merged and validated spec, by name, without importing or building any
+    component: what a file asks to measure, read as data (the gate reads the base's and the
+    head's files so, and must not run a pull request's code). Bad input raises ScenarioError."""
+    try:
+        return {v.name: v.spec for v in _variants(path, _read_yaml(path, data), None)}
+    except ScenarioError as exc:
+        raise ScenarioError(_printable(str(exc))) from None
+    except RecursionError:
+        raise ScenarioError(_printable(f"{path}: nested too deeply")) from None
+
+
 def _load(path: Path, variants: list[str] | None) -> list[Variant]:
-    raw = _read_yaml(path)
+    scenarios = _variants(path, _read_yaml(path), variants)
+    bindings = [binding for v in scenarios
+                for binding in _bindings(v.spec, path, f"variant {v.name!r}: " if v.override else "")]
+    # Every component of every variant resolved and built, so a typo fails before any run;
+    # user code is imported once per file, in a child (see components.check).
+    checked = check_components(bindings)
+    if checked.problems:
+        raise ScenarioError(f"{path}: {checked.problems[0]}")
+    return [dataclasses.replace(v, packages=checked.packages) for v in scenarios]
+
+
+def _variants(path: Path, raw: Any, variants: list[str] | None) -> list[Variant]:
+    """The file's variants (or those named), merged into the base and validated."""
     if not isinstance(raw, dict):
         raise ScenarioError(f"{path}: (top level): expected a mapping of scenario fields")
     if "name" not in raw:
@@ -233,23 +261,16 @@ def _load(path: Path, variants: list[str] | None) -> list[Variant]:
     if unknown:
         raise ScenarioError(f"{path}: variants: no variant {', '.join(unknown)} "
                             f"(expected one of {', '.join(overrides)})")
-    scenarios, bindings = [], []
+    scenarios = []
     for name, override in overrides.items():
         if variants and name not in variants:
             continue
-        where = f"variant {name!r}: " if override else ""
         try:
             spec = _validate(_merge(raw, override or {}))
         except ScenarioError as exc:
-            raise ScenarioError(f"{path}: {where}{exc}") from None
-        scenarios.append(Variant(path=path, name=name, spec=spec))
-        bindings += _bindings(spec, path, where)
-    # Every component of every variant resolved and built, so a typo fails before any run;
-    # user code is imported once per file, in a child (see components.check).
-    checked = check_components(bindings)
-    if checked.problems:
-        raise ScenarioError(f"{path}: {checked.problems[0]}")
-    return [dataclasses.replace(v, packages=checked.packages) for v in scenarios]
+            raise ScenarioError(f"{path}: {f'variant {name!r}: ' if override else ''}{exc}") from None
+        scenarios.append(Variant(path=path, name=name, spec=spec, override=bool(override)))
+    return scenarios
 
 
 def _bindings(spec: ScenarioSpec, path: Path, where: str) -> list[Binding]:
@@ -282,12 +303,16 @@ def check_unique(variants: Sequence[Variant]) -> None:
 
 
 def discover(paths: Sequence[str | Path]) -> list[Path]:
-    """Scenario files from files and folders (folders: every *.yaml / *.yml, sorted)."""
+    """Scenario files from files and folders (folders: every *.yaml / *.yml in them and in
+    their subfolders, hidden ones left out, sorted by path). Subfolders count, so moving a
+    scenario into one does not take it out of the suite (or out of the gate)."""
     found: list[Path] = []
     for entry in map(Path, paths):
         if entry.is_dir():
             try:
-                found.extend(sorted(p for p in entry.iterdir() if p.suffix in (".yaml", ".yml")))
+                found.extend(sorted(
+                    p for p in entry.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file()
+                    and not any(part.startswith(".") for part in p.relative_to(entry).parts)))
             except OSError as exc:
                 raise ScenarioError(f"{entry}: cannot read: {exc.strerror or exc}") from None
         elif entry.exists():

@@ -1,0 +1,161 @@
+"""`kvmem gate pr`, round two: on the scratch repository of tests/test_gate_pr.py, each way a
+pull request could choose how it is judged (the backend its summaries name, what its scenario
+measures, a baseline ratcheted inside its tolerance, a spread of its own, a scenario moved out
+of the checked path, a variant renamed) fails the check with its cause in the comment; the
+comment escapes what the pull request wrote, and is written even when the head cannot start."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from tests import test_gate_pr as scratch
+from tests.test_gate_pr import AFTER, FILE, commit, edit, failing, gate, git
+
+# The scratch repository and a pull request's branch of it.
+recorded, branch = scratch.recorded, scratch.branch
+
+MiB = 1 << 20
+
+
+def head_reports(change, to: str = "reports-head") -> Path:
+    """The main branch's reports as the head's, each summary.json passed through `change`."""
+    shutil.copytree("reports-main", to)
+    for path in Path(to).rglob("summary.json"):
+        data = json.loads(path.read_text())
+        change(data)
+        path.write_text(json.dumps(data, indent=1))
+    return Path(to)
+
+
+def regress(data: dict, by: int = 2 * MiB) -> None:
+    """The `after` variant's peak and memory at rest up by `by`: a real regression."""
+    if data["variant"] == "after":
+        for name in ("peak", "steady", "final"):
+            data["metrics"][name] += by
+
+
+def test_a_head_naming_another_backend_fails_instead_of_being_new(branch):
+    def rename(data: dict) -> None:
+        regress(data)
+        data["environment"]["backend"] = "cpu-x86_64"
+
+    code, comment, result = gate("--from", str(head_reports(rename)))
+    assert code == 1
+    assert comment.splitlines()[1] == "### 🔴 kvmem: memory regression in 2 of 2 variants; 2 failed"
+    assert ("the head's run reports backend cpu-x86_64; this check judges backend cpu (gate pr "
+            "--backend), so it is compared with nothing and fails") in comment
+    # The base's variants, still defined in the head, answer for themselves: failed, not removed.
+    assert [e["state"] for e in result["entries"]] == ["failed"] * 2
+    assert "new" not in comment.lower().split("###")[1].splitlines()[0]
+
+
+def test_a_changed_workload_is_a_change_to_the_yardstick(branch):
+    edit("    - {prompt: 300, decode: 8}\n", "")            # one request fewer: less memory
+    commit("a lighter workload")
+    code, comment, _ = gate()
+    assert code == 1
+    rows = failing(comment)
+    assert ("| `gate_pr/after` | scenario workload.requests\\[2\\].prompt | 300 | (none) | "
+            "loosens the check: needs the `memory-accepted` label |  |  |") in rows
+    assert ("| `gate_pr/before` | scenario workload.requests\\[2\\].decode | 8 | (none) | "
+            "loosens the check: needs the `memory-accepted` label |  |  |") in rows
+
+
+def test_a_baseline_ratcheted_inside_its_tolerance_needs_the_acceptance(branch):
+    data = json.loads(AFTER.read_text())
+    spike = data["metrics"]["largest_spike"]
+    data["metrics"]["largest_spike"] = spike + 64 * 1024   # under the 672 KiB tolerance
+    data["recorded"]["reason"] = "noise"
+    AFTER.write_text(json.dumps(data, indent=2) + "\n")
+    commit("re-record")
+    code, _, result = gate("--from", "reports-main")
+    assert code == 1
+    change = next(c for c in result["changes"] if c["what"] == "baseline largest_spike")
+    assert (change["loosens"], change["status"]) == (True, "needs acceptance")
+    assert change["new"] != change["old"]
+    assert gate("--from", "reports-main", "--accept")[0] == 0
+
+
+def test_a_spread_the_head_reports_does_not_widen_its_tolerance(branch):
+    def noisy(data: dict) -> None:
+        regress(data)
+        if data["variant"] == "after":
+            peak = data["metrics"]["peak"]
+            data["noise"] = {"runs": 5, "nondeterministic": {}, "passed": 5,
+                             "peak": {"min": peak - 8 * MiB, "max": peak, "spread": 8 * MiB,
+                                      "values": [peak] * 4 + [peak - 8 * MiB]}}
+
+    code, comment, result = gate("--from", str(head_reports(noisy)))
+    assert code == 1
+    after = next(e for e in result["entries"] if e["variant"] == "after")
+    assert after["metrics"]["peak"]["verdict"] == "regression"
+    assert "measured spread" not in comment
+
+
+def test_a_scenario_moved_into_a_subfolder_stays_judged(branch):
+    Path("scenarios/more").mkdir()
+    git("mv", str(FILE), "scenarios/more/gate_pr.yaml")
+    commit("move the scenario")
+
+    def moved(data: dict) -> None:
+        regress(data)
+        data["scenario_file"] = "scenarios/more/gate_pr.yaml"
+
+    reports = head_reports(moved)
+    for paths in ([], ["scenarios/more"]):
+        code, comment, _ = gate("--from", str(reports), *paths)
+        assert code == 1, paths
+        assert comment.splitlines()[1] == "### 🔴 kvmem: memory regression in 1 of 2 variants"
+
+
+def test_a_renamed_variant_is_compared_with_the_old_one_and_named_with_its_code_points(branch):
+    edit("  after: {}", "  \u0430fter: {}")                  # a Cyrillic а
+    commit("rename")
+
+    def renamed(data: dict) -> None:
+        regress(data)
+        if data["variant"] == "after":
+            data["variant"] = "\u0430fter"
+
+    code, comment, result = gate("--from", str(head_reports(renamed)))
+    assert code == 1
+    assert comment.splitlines()[1] == "### 🔴 kvmem: memory regression in 1 of 2 variants"
+    assert "renamed from gate_pr/after" in comment
+    assert "`gate_pr/\u0430fter` (U+0430 CYRILLIC SMALL LETTER A)" in comment
+    change = next(c for c in result["changes"] if c["what"] == "variant name")
+    assert (change["old"], change["loosens"]) == ("gate_pr/after", False)
+
+
+def test_an_expectation_the_head_no_longer_records_reads_as_dropped(branch):
+    def dropped(data: dict) -> None:
+        if data["variant"] == "before":
+            data["expectations"] = [e for e in data["expectations"] if e["name"] != "retained"]
+
+    code, comment, _ = gate("--from", str(head_reports(dropped)))
+    assert code == 1
+    assert ("| `gate_pr/before` | expect.retained | detected | (dropped) | loosens the check: "
+            "needs the `memory-accepted` label |  |  |") in failing(comment)
+
+
+def test_what_the_pull_request_wrote_is_escaped_in_the_comment(branch):
+    data = json.loads(AFTER.read_text())
+    data["metrics"]["largest_spike"] += 1024
+    data["recorded"]["reason"] = "<!-- the rest is hidden | [link](x)\nsecond line"
+    AFTER.write_text(json.dumps(data, indent=2) + "\n")
+    commit("re-record")
+    _, comment, _ = gate("--from", "reports-main")
+    assert comment.count("<!--") - comment.count("\\<!--") == 1    # the marker alone
+    assert "\\<!-- the rest is hidden \\| \\[link\\](x) second line" in comment
+
+
+def test_a_head_that_cannot_start_still_gets_a_comment(branch):
+    Path("crashing.py").write_text("raise RuntimeError('broken at import')\n")
+    edit("  after: {}", "  after: {}\n  crash:\n    cache: {layer: {component: \"crashing:Cache\"}}")
+    commit("a component that crashes at import")
+    code, comment, result = gate()
+    assert code == 2
+    assert comment.splitlines()[1].startswith("### 🔴 kvmem: the head failed to run")
+    assert "broken at import" in comment
+    assert result["verdict"] == "regression"
