@@ -11,8 +11,10 @@ Protocol (version 1), over `multiprocessing.connection` with the key kvmem gives
   `{"hello": 1, "pid", "python", "mlx", "errors"}`; `errors` lists what it could not
   set up (a logical path or a plugin that does not import), which kvmem reports as the run's
   failure;
-- then it answers each command with `{"rows": [...], "now": t, "busy": s}`, the rows sampled
-  since its last answer (`busy`: the seconds it has spent sampling, in all):
+- then it answers each command with `{"rows": [...], "now": t, "busy": s, "replaced": r}`, the
+  rows sampled since its last answer (`busy`: the seconds it has spent sampling, in all;
+  `replaced`: None, or which of MLX's counters the server's code replaced, which kvmem reports
+  as the run's failure):
   `{"op": "mark", "request": i, "turn": t}` samples now (a request boundary);
   `{"op": "idle", "cycles": bool, "settle": s}` waits until active memory and the logical
   size stand still (at most `s` seconds), measures what unreachable reference cycles hold
@@ -59,6 +61,8 @@ NO_CAP = 2**53  # a cap this large, or larger (mlx-lm's default is 2**63), caps 
 # rest only.
 PHASES = ("idle", "prefill", "decode", "fetch", "store", "evict", "request", "serve")
 IN_FLIGHT = ("request", "serve")
+# The MLX functions kvmem reads memory with, in a server and (with `synchronize`) in its probe.
+COUNTERS = ("get_active_memory", "get_peak_memory", "get_cache_memory", "reset_peak_memory")
 
 
 class Sample(NamedTuple):
@@ -124,6 +128,47 @@ def cycle_garbage() -> int:
                if array is not None and isinstance(obj, array))
     del gc.garbage[before:]
     return held
+
+
+class Counters:
+    """MLX's memory counters as they were when bound, and a check that they still are.
+
+    kvmem binds them before it imports the code it measures and reads memory through these
+    references, so code that replaces `mlx.core.get_active_memory` (to subtract its own bytes)
+    changes no reading; `replaced` names what it did, and kvmem fails the run with that.
+    """
+
+    def __init__(self, mx: Any, names: tuple[str, ...] = COUNTERS) -> None:
+        self.mx = mx
+        self.bound = {name: getattr(mx, name) for name in names}
+        self.active: Callable[[], int] = self.bound["get_active_memory"]
+        self.peak: Callable[[], int] = self.bound["get_peak_memory"]
+        self.cache: Callable[[], int] = self.bound["get_cache_memory"]
+        self.reset_peak: Callable[[], None] = self.bound["reset_peak_memory"]
+
+    def replaced(self, where: str) -> str | None:
+        """Which bound function `mlx.core` no longer holds, and what took its place, as the
+        run's failure says it; None while all are MLX's own."""
+        for name, bound in self.bound.items():
+            now = getattr(self.mx, name, None)
+            if now is not bound:
+                by = "removed" if now is None else f"replaced by {_origin(now)}"
+                return (f"mlx.core.{name} was {by} in {where}: kvmem reads MLX's memory through "
+                        "it, and the code it measures may not change it")
+        return None
+
+
+def _origin(replacement: Any) -> str:
+    """Where a replacement says it was defined: `module.qualified_name`."""
+    module = getattr(replacement, "__module__", None) or "?"
+    name = getattr(replacement, "__qualname__", None) or type(replacement).__qualname__
+    return f"{module}.{name}"
+
+
+def bind() -> Counters | None:
+    """MLX's counters as they are now, or None in a process without MLX."""
+    mx = _mlx()
+    return None if mx is None else Counters(mx)
 
 
 def _mlx_array() -> Any:
@@ -265,12 +310,14 @@ class Tracked:
 
 
 class Agent:
-    """Samples on a period in one thread and answers kvmem's commands in another."""
+    """Samples on a period in one thread and answers kvmem's commands in another, reading MLX
+    through `counters` (bound now unless given: bind them before the server's code imports)."""
 
-    def __init__(self, period: float, tracked: Tracked | None):
+    def __init__(self, period: float, tracked: Tracked | None, counters: Counters | None = None):
         self.period = period
         self.tracked = tracked
-        self.mx = _mlx()
+        self.counters = counters or bind()
+        self.replaced: str | None = None  # the first replacement of a counter seen
         self._lock = threading.Lock()
         self._rows: list[tuple] = []
         self._request = -1
@@ -280,7 +327,7 @@ class Agent:
         self._busy = 0.0  # seconds spent taking samples, in all
 
     def _active(self) -> int:
-        return 0 if self.mx is None else int(self.mx.get_active_memory())
+        return 0 if self.counters is None else int(self.counters.active())
 
     def logical(self) -> tuple[int, int, int]:
         """What the tracked instances hold: bytes, entries, and the bytes they allow themselves."""
@@ -290,13 +337,14 @@ class Agent:
         """One row now; the peak counter starts again from here."""
         began = time.perf_counter()
         with self._lock:
-            mx = self.mx
+            counters = self.counters
             active = self._active()
             peak, cache = 0, 0
-            if mx is not None:
-                peak = int(mx.get_peak_memory())
-                mx.reset_peak_memory()
-                cache = int(mx.get_cache_memory())
+            if counters is not None:
+                peak = int(counters.peak())
+                counters.reset_peak()
+                cache = int(counters.cache())
+                self.replaced = self.replaced or counters.replaced("the server")
             peak = max(peak, self._last_active, active)
             self._last_active = active
             size, entries, cap = self.logical()
@@ -309,7 +357,8 @@ class Agent:
     def drain(self) -> dict:
         with self._lock:
             rows, self._rows = self._rows, []
-            return {"rows": rows, "now": time.monotonic(), "busy": self._busy}
+            return {"rows": rows, "now": time.monotonic(), "busy": self._busy,
+                    "replaced": self.replaced}
 
     def settle(self, seconds: float) -> None:
         """Wait until active memory and the logical size stand still over three readings
@@ -380,7 +429,9 @@ def _orphaned() -> None:
 
 def start_from_environment() -> Agent:
     """Set up from the KVMEM_AGENT* variables (removed from this process's environment, so the
-    server's own children start no agent) and connect in a daemon thread."""
+    server's own children start no agent) and connect in a daemon thread. MLX's counters are
+    bound first: the plugins and the logical class are the server's code."""
+    counters = bind()
     settings = {name: os.environ.pop(name, "") for name in VARIABLES}
     host, _, port = settings["KVMEM_AGENT"].rpartition(":")
     errors: list[str] = []
@@ -397,9 +448,9 @@ def start_from_environment() -> Agent:
             cap = f" with cap {settings['KVMEM_AGENT_CAP']}" if settings["KVMEM_AGENT_CAP"] else ""
             errors.append(f"logical {settings['KVMEM_AGENT_LOGICAL']}{cap}: "
                           f"{type(exc).__name__}: {exc}")
-    agent = Agent(float(settings["KVMEM_AGENT_PERIOD"] or 0.1), tracked)
+    agent = Agent(float(settings["KVMEM_AGENT_PERIOD"] or 0.1), tracked, counters)
     atexit.register(agent.quiesce)
-    mx = agent.mx
+    mx = None if counters is None else counters.mx
     hello = {"hello": PROTOCOL, "pid": os.getpid(), "python": sys.version.split()[0], "errors": errors,
              "mlx": None if mx is None else getattr(mx, "__version__", "unknown")}
     threading.Thread(target=agent.serve, args=((host, int(port)), bytes.fromhex(

@@ -9,19 +9,28 @@ interpreter still imports (a second or two) prints no traceback there. On Linux 
 with its parent (`PR_SET_PDEATHSIG`), however the parent ends, and defers mlx-lm's package
 `__init__` (`harness.common.mlx_lm_import`): most children need mlx-lm's caches alone. The parent
 talks to it over one two-way pipe and kills and joins it however the `with` block ends.
+
+The code a child runs may be measured, never choose how: the child starts with the working
+directory off its `sys.path` (and off the new interpreter's own, `PYTHONSAFEPATH`), so kvmem's
+packages and MLX come from their installation, and only then is the directory put back for the
+user's `module:Class` paths. A repository's own `harness/` or `reference_impl/` is never imported
+in their place, and a component cannot replace MLX before kvmem's probe has bound its counters.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import multiprocessing as mp
 import os
 import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -29,6 +38,61 @@ from .mlx_lm_import import defer_init
 
 CONTEXT = mp.get_context("spawn")  # a fresh interpreter: none of the parent's threads or locks
 _PR_SET_PDEATHSIG = 1
+# kvmem's own packages and the MLX it reads memory with: imported before the working directory is
+# on sys.path, so a repository's packages of the same names never stand in for them.
+FIRST = ("harness", "reference_impl", "mlx.core")
+_INSTALLED = os.path.realpath(Path(__file__).parents[2])  # the folder holding kvmem's packages
+_PATH_LOCK = threading.Lock()
+
+
+def _without_working_directory(path: list[str]) -> list[str]:
+    """`path` less the working directory ('' included), unless kvmem itself is there (its own
+    checkout, run from its root)."""
+    try:
+        here = os.path.realpath(os.getcwd())
+    except OSError:  # the directory is gone: nothing can be imported from it
+        return list(path)
+    if here == _INSTALLED:
+        return list(path)
+    return [entry for entry in path if os.path.realpath(entry or os.curdir) != here]
+
+
+def _set_safe_path(value: str | None) -> None:
+    if value is None:
+        os.environ.pop("PYTHONSAFEPATH", None)
+    else:
+        os.environ["PYTHONSAFEPATH"] = value
+
+
+@contextlib.contextmanager
+def kvmem_first() -> Iterator[None]:
+    """For the block, sys.path without the working directory, and a Python started meanwhile
+    without it either (`PYTHONSAFEPATH`, from Python 3.11): what is imported then comes from
+    kvmem's installation and the installed packages. Under a lock, as threads start children."""
+    with _PATH_LOCK:
+        path, safe = sys.path, os.environ.get("PYTHONSAFEPATH")
+        sys.path = _without_working_directory(path)
+        os.environ["PYTHONSAFEPATH"] = "1"
+        try:
+            yield
+        finally:
+            sys.path = path
+            _set_safe_path(safe)
+
+
+def _settings() -> tuple[list[str], str | None]:
+    """This process's sys.path and PYTHONSAFEPATH, read while no other thread has set them aside."""
+    with _PATH_LOCK:
+        return list(sys.path), os.environ.get("PYTHONSAFEPATH")
+
+
+def import_first() -> None:
+    """Import FIRST from kvmem's installation unless done: before a `reference.*` component in
+    kvmem's own process, where the working directory is on sys.path."""
+    if not all(name in sys.modules for name in FIRST):
+        with kvmem_first():
+            for name in FIRST:
+                importlib.import_module(name)
 
 
 def die_with_parent(parent: int) -> None:
@@ -42,10 +106,16 @@ def die_with_parent(parent: int) -> None:
             os._exit(1)
 
 
-def _run(parent: int, target: Callable[..., object], args: tuple, pipe: Connection) -> None:
-    """The child's entry: deaf to Ctrl-C and bound to its parent before anything else runs."""
+def _run(parent: int, target: Callable[..., object], args: tuple, pipe: Connection,
+         path: list[str], safe: str | None) -> None:
+    """The child's entry: deaf to Ctrl-C and bound to its parent before anything else runs,
+    then kvmem's packages and MLX imported from their installation before the user's code gets
+    the parent's sys.path (`path`, with the working directory) and `PYTHONSAFEPATH` back."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent(parent)
+    import_first()
+    sys.path = path
+    _set_safe_path(safe)
     defer_init()
     target(*args, pipe)
 
@@ -68,8 +138,9 @@ class Child:
     def __init__(self, target: Callable[..., object], *args: Any, grace: float,
                  name: str | None = None) -> None:
         self.pipe, self._end = CONTEXT.Pipe()
-        self.process = CONTEXT.Process(target=_run, args=(os.getpid(), target, args, self._end),
-                                       name=name, daemon=True)
+        self.process = CONTEXT.Process(
+            target=_run, args=(os.getpid(), target, args, self._end, *_settings()), name=name,
+            daemon=True)
         self.grace = grace
 
     def __enter__(self) -> Child:
@@ -79,7 +150,8 @@ class Child:
             resource_tracker.ensure_running()
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             try:
-                self.process.start()
+                with kvmem_first():
+                    self.process.start()
             finally:  # a Ctrl-C that came meanwhile reaches the parent now
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         except BaseException:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from ..common.child import Child, how
+from ..common.child import Child, how, import_first
 from ..common.echo import MAX_ECHO, clip, echo
 
 REGISTRY: dict[str, str] = {
@@ -50,6 +50,8 @@ def resolve(name: str) -> Callable[..., Any]:
             "or an import path 'package.module:factory'"
         )
     module_name, _, attr = path.partition(":")
+    if name in REGISTRY:  # kvmem's own: from its installation, not a `reference_impl/` of the cwd
+        import_first()
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any import failure is the user's path, not ours

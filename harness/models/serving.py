@@ -95,16 +95,22 @@ def prepare(choice: ModelChoice, python: str | None = None,
 
         geometry, weights = describe(choice)
         return ServedModel(folder(choice), geometry, weights)
+    from .folder import cache_root
+
     with tempfile.TemporaryDirectory(prefix="kvmem-path-") as path:
         os.symlink(HARNESS, Path(path) / "harness")  # kvmem's harness alone, nothing else
-        env = {**os.environ, "PYTHONPATH": path}
+        # Run from that folder, with the cache's path made absolute: `-c` puts the working
+        # directory first on sys.path, and a repository's own `harness/` there would replace
+        # kvmem's (Python before 3.11 ignores PYTHONSAFEPATH).
+        env = {**os.environ, "PYTHONPATH": path, "PYTHONSAFEPATH": "1",
+               "KVMEM_CACHE": str(cache_root().resolve())}
         try:
             done = subprocess.run(
                 [python, "-c", "from harness.models.serving import main; main()"],
                 input=json.dumps({"choice": dataclasses.asdict(choice),
                                   "packages": [*PACKAGES, *packages]}),
                 capture_output=True, text=True,
-                env=env, timeout=TIMEOUT,
+                env=env, cwd=path, timeout=TIMEOUT,
                 preexec_fn=functools.partial(die_with_parent, os.getpid()))
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise ModelError(f"cannot build the model with {python}: {exc}") from None

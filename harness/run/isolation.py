@@ -4,7 +4,9 @@ On the CPU backend an allocation larger than RAM kills the process (SIGSEGV) and
 `set_memory_limit` does not raise, so a variant runs in a child: a child that dies, hangs past
 its timeout or stops before its workload is done becomes a failed run with its exit status and
 the last step it reached, and the other variants go on. User components are imported only in
-the child, so one that exits or crashes at import cannot end the parent.
+the child, so one that exits or crashes at import cannot end the parent, and only after kvmem
+and MLX are imported there from their installation (`harness.common.child`); the child imports
+the probe, which binds MLX's counters, before its first component (`harness.run.probe`).
 
 The child sends its rows back through a pipe, not a file, so nothing is left on disk when either
 side is killed; on Linux the child also dies with its parent (`harness.common.child`).
@@ -34,7 +36,7 @@ from ..judge.summary import ModelFacts
 from ..scenario import ScenarioSpec, Variant
 from .defaults import DEFAULT_TIMEOUT
 from .engines import RunFailure, create, engine_class
-from .probe import ROW, Probe
+from .probe import ROW, CounterReplaced, Probe
 
 
 @dataclass
@@ -86,10 +88,11 @@ def _child(variant: Variant, last_step: Any, pipe: Connection) -> None:
         if message["refused"] is None:
             engine = create(variant.spec, probe, lambda steps: setattr(last_step, "value", steps))
             engine.serve()
+            probe.verify()
             message["store_stats"] = engine.store_stats()
             message["model"] = engine.facts()
             message["completed"] = True
-    except RunFailure as exc:
+    except (RunFailure, CounterReplaced) as exc:
         message["error"] = str(exc)
     except BaseException as exc:  # SystemExit from a component is a failed run too
         message["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-3)}"

@@ -9,6 +9,11 @@ million-step run stays under 100 MB and becomes a DataFrame only at the end.
 free there (`cycle_garbage`), memory that unreachable reference cycles hold until it runs.
 `time` is seconds since the probe began; a server's rows (`add`, from its agent) count from the
 run's baseline sample.
+
+MLX's functions are bound when this module is imported, which in a variant's process is before
+any component (`harness.run.isolation` imports it as the child starts), and read through those
+references: a component that replaces `mx.get_active_memory` changes no reading, and the next
+step fails the run naming what replaced it (`CounterReplaced`).
 """
 
 from __future__ import annotations
@@ -20,13 +25,24 @@ import mlx.core as mx
 import numpy as np
 
 # The readers and the sample the in-server agent uses too, so both measure alike.
-from ..agent.kvmem_agent import PHASES, Sample, current_rss, cycle_garbage, release_freed_heap
+from ..agent.kvmem_agent import (
+    COUNTERS,
+    PHASES,
+    Counters,
+    Sample,
+    current_rss,
+    cycle_garbage,
+    release_freed_heap,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["PHASES", "ROW", "NullProbe", "Probe", "Sample", "current_rss", "cycle_garbage",
-           "release_freed_heap", "to_frame"]
+__all__ = ["PHASES", "ROW", "CounterReplaced", "NullProbe", "Probe", "Sample", "current_rss",
+           "cycle_garbage", "release_freed_heap", "to_frame"]
+
+BOUND = Counters(mx, (*COUNTERS, "synchronize"))
+_synchronize = BOUND.bound["synchronize"]
 
 
 # A sample's columns (less `entries`), the step's index and its own columns: `host` (bytes the
@@ -38,6 +54,11 @@ ROW = np.dtype([
     ("rss", np.int64), ("logical", np.int64), ("host", np.int64), ("minimum", np.int64),
     ("work", np.int64), ("cyclic", np.int64), ("time", np.float32), ("cap", np.int64),
 ])
+
+
+class CounterReplaced(RuntimeError):
+    """The code under test replaced a function kvmem reads MLX's memory with; the message
+    names which, and with what."""
 
 
 class Probe:
@@ -63,20 +84,28 @@ class Probe:
     def begin(self) -> None:
         # The previous step ended synchronized and only Python ran since (frees are immediate),
         # so active is exact here without a second synchronize, which costs ~10 us on CPU.
-        self._before = mx.get_active_memory()
-        mx.reset_peak_memory()
+        self._before = BOUND.active()
+        BOUND.reset_peak()
 
     def end(self, *, phase: str, request: int, turn: int, tokens: int, logical: int, host: int,
             minimum: int, work: int, cyclic: int = 0) -> None:
         for stream in self._streams:
-            mx.synchronize(stream)
-        mx.synchronize()
-        active = mx.get_active_memory()
-        peak = max(mx.get_peak_memory(), self._before, active)
+            _synchronize(stream)
+        _synchronize()
+        active = BOUND.active()
+        peak = max(BOUND.peak(), self._before, active)
         self.add(Sample(time=time.perf_counter() - self._start, phase=phase, request=request,
                         turn=turn, tokens=tokens, active=active, peak=peak,
-                        cache=mx.get_cache_memory(), rss=current_rss(), logical=logical,
+                        cache=BOUND.cache(), rss=current_rss(), logical=logical,
                         entries=0, cyclic=cyclic, cap=0), host=host, minimum=minimum, work=work)
+        self.verify()
+
+    def verify(self) -> None:
+        """Raise CounterReplaced if the code under test has replaced one of MLX's functions
+        this probe reads (a check of a few identities, at each step and at the end)."""
+        problem = BOUND.replaced("the variant's process")
+        if problem:
+            raise CounterReplaced(problem)
 
     def add(self, sample: Sample, *, host: int = 0, minimum: int = 0, work: int = 0) -> None:
         """Append one sample with the step's own columns (a server's agent takes its samples

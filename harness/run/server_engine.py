@@ -273,7 +273,8 @@ class ServerEngine:
     # -- sampling -----------------------------------------------------------------------------
 
     def _command(self, command: dict, when: str) -> None:
-        """One command to the agent; its rows become probe rows."""
+        """One command to the agent; its rows become probe rows. A counter the server's code
+        replaced (which the agent reads past) fails the run, its rows kept."""
         assert self._connection is not None
         with self._lock:
             try:
@@ -282,7 +283,10 @@ class ServerEngine:
                 self._check_alive(when)
                 raise self._failure(f"the server's agent hung up {when}") from None
             deadline = time.monotonic() + self.server.settle + REPLY_SLACK
-            self._record(self._receive(self._connection, deadline, when)["rows"])
+            answer = self._receive(self._connection, deadline, when)
+            self._record(answer["rows"])
+            if answer.get("replaced"):
+                raise ServerError(answer["replaced"])
 
     def _record(self, rows: list[tuple]) -> None:
         samples = [Sample._make(row) for row in rows]
