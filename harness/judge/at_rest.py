@@ -194,8 +194,15 @@ def retained(frame: pd.DataFrame, t: RetainedThresholds, backend: str) -> Findin
         steps=points["step"].head(MAX_STEPS_LISTED).tolist())
 
 
-class HostThresholds(Thresholds):
+class HostThresholds(TrendThresholds):
+    """`min_bytes`: a rise from the baseline flagged at once; `min_rate`: what at least half of
+    the requests of a sustained rise add each, `min_trend_bytes` what they add in all. RSS is
+    noisy (allocator arenas, Python's own objects, pages), hence a high floor for one rise; a
+    rise that comes back request after request is a trend that noise does not make."""
+
     min_bytes: Size = 32 * 2**20
+    min_rate: Size = 256 * 2**10
+    min_trend_bytes: Size = 8 * 2**20
 
 
 def _outside_mlx(rows: pd.DataFrame, backend: str) -> pd.Series:
@@ -206,18 +213,50 @@ def _outside_mlx(rows: pd.DataFrame, backend: str) -> pd.Series:
 
 
 def host_memory(frame: pd.DataFrame, t: HostThresholds, backend: str) -> Finding | None:
-    """Host memory: process RSS grows while MLX active memory does not.
+    """Host memory: process memory outside MLX rose past a floor from the baseline, or rises
+    request after request (`_host_trend`) while staying under it.
 
     Raw bytes held outside MLX never reach MLX's counters. Measured from the baseline to each
-    quiescent point.
+    quiescent point. A store that keeps a NumPy copy of every request adds 1 MiB a request
+    under a 32 MiB floor for a whole short run: its trend is what gives it away.
     """
     points, base = quiescent(frame), frame.iloc[:1]
     rise = _outside_mlx(points, backend) - _outside_mlx(base, backend).iloc[0]
     active_rise = points["active"] - base["active"].iloc[0]
     hits = points[(rise > t.min_bytes) & (rise > active_rise)]
-    return from_hits("host_memory", hits, rise, lambda at: (
+    found = from_hits("host_memory", hits, rise, lambda at: (
         f"process memory outside MLX grew {mib(rise[at])} MiB while MLX active grew "
         f"{mib(active_rise[at])} MiB (at step {frame['step'][at]})"))
+    if found is not None:
+        return found
+    # Elsewhere RSS may hold MLX's own buffers (unified memory): only what it gained beyond them.
+    return _host_trend(points, rise if backend == "cpu" else rise - active_rise, t)
+
+
+def _host_trend(points: pd.DataFrame, rise: pd.Series, t: HostThresholds) -> Finding | None:
+    """A sustained rise: T(rise) with floor `min_rate` past the warm-up, whose typical request
+    (the lower median delta from the onset: at least half of them add this much) adds
+    `min_rate` or more, and `min_trend_bytes` or more over the requests it spans. The median
+    ignores a one-off step (an allocator arena, a thread's stack) however large it is."""
+    import numpy as np
+
+    judged = rise.iloc[t.warmup:]
+    trend = rising(judged, t.min_rate, t.r2, t.hold)
+    if trend is None:
+        return None
+    deltas = np.sort(np.diff(judged.to_numpy(dtype=float)[trend.start:]))
+    rate = float(deltas[(len(deltas) - 1) // 2])
+    if rate < t.min_rate or rate * trend.deltas < t.min_trend_bytes:
+        return None
+    window, unit = points.iloc[t.warmup:], point_name(points)
+    return Finding(
+        kind="host_memory", step=int(window["step"].iloc[-1]), bytes=round(rate),
+        count=trend.deltas,
+        message=f"process memory outside MLX grows {rate:,.0f} B per {unit}"
+                f"{_since(trend, window, unit)} over {trend.deltas} {unit}s (fit "
+                f"r²={trend.r2:.3f}), {mib(judged.iloc[-1])} MiB above the baseline at rest; "
+                f"the components report {mib(window['host'].iloc[-1])} MiB outside MLX",
+        steps=window["step"].iloc[trend.start:].head(MAX_STEPS_LISTED).tolist())
 
 
 class GcThresholds(Thresholds):

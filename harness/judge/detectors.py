@@ -38,7 +38,10 @@ retained   excess_i = a_i − b − l_i − c_i (c_i the larger measurement at r
 aliased    over_i = l_i − (a_i − b) > min_bytes on a prefill or decode step and the step
            before it: the same arrays counted twice.
 host_memory  o = rss − active − cache on CPU (its buffers live in RSS), else rss; rise_i =
-           o_i − o_0 at rest > min_bytes and > a_i − b.
+           o_i − o_0 at rest > min_bytes and > a_i − b; else the trend: T(rise) with floor
+           min_rate (elsewhere than CPU, of rise − (a − b)), r = the lower median of its deltas
+           from the onset, flagged when r ≥ min_rate and r × deltas ≥ min_trend_bytes; the
+           rate r per request (or turn).
 gc_deferred  c_q > min_bytes at a quiescent point.
 pooled     MLX's buffer cache at a quiescent point > min_bytes (on CPU twice its default limit
            when unset; elsewhere checked only with a stated min_bytes).
