@@ -159,3 +159,15 @@ def test_a_head_that_cannot_start_still_gets_a_comment(branch):
     assert comment.splitlines()[1].startswith("### 🔴 kvmem: the head failed to run")
     assert "broken at import" in comment
     assert result["verdict"] == "regression"
+
+
+def test_a_genuinely_improved_branch_still_passes(branch):
+    def improve(data: dict) -> None:
+        if data["variant"] == "after":
+            for name in ("peak", "steady", "final"):
+                data["metrics"][name] -= 256 * 1024
+
+    code, comment, result = gate("--from", str(head_reports(improve)))
+    assert code == 0
+    assert comment.splitlines()[1] == "### 🟢 kvmem: memory improved in 1 variant, no regression"
+    assert result["changes"] == []
