@@ -1,5 +1,7 @@
 """The GitHub workflows: valid against the vendored workflow schema, pinned, least-privileged, and
-wired as the gate needs."""
+wired as the gate needs. The pull-request check is tested as a set (its measurement, its judge and
+the acceptance's withdrawal), both this repository's and the one `kvmem init` writes: what each
+job may run, when, with which permissions, and its scripts run against stand-ins."""
 
 from __future__ import annotations
 
@@ -9,16 +11,19 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
+from harness.adopt import CONTEXT, LABEL
 from harness.gate.render import MARKER
 
 WORKFLOWS = Path(__file__).resolve().parents[1] / ".github" / "workflows"
-FILES = ("memory-pr.yml", "memory-comment.yml", "memory-nightly.yml")
+FILES = ("memory-pr.yml", "memory-comment.yml", "memory-accept.yml", "memory-nightly.yml")
 ROOT = WORKFLOWS.parents[1]
+KIT = ROOT / "harness" / "adopt" / "templates" / ".github" / "workflows"
 # Every action by full commit SHA, its tag in a comment. Each SHA was confirmed as that tag by
 # several independent public repositories pinning the same SHA with the same tag comment.
 PINS = {
@@ -35,7 +40,9 @@ USES = re.compile(r"^\s*(?:-\s+)?uses:\s*(\S+?)@(\S+)(.*)$")
 PINNED = re.compile(r"^[0-9a-f]{40}$")
 TAG_COMMENT = re.compile(r"^ # (v\d+(?:\.\d+)*)$")
 # The jobs that may hold a write permission, and which.
-WRITERS = {("memory-comment.yml", "comment"): {"pull-requests"},
+WRITERS = {("memory-comment.yml", "pending"): {"statuses"},
+           ("memory-comment.yml", "report"): {"statuses", "pull-requests"},
+           ("memory-accept.yml", "withdraw"): {"pull-requests"},
            ("memory-nightly.yml", "issue"): {"issues"},
            ("memory-nightly.yml", "pages"): {"pages", "id-token"}}
 SHARD_FLAG = "--shard ${{ matrix.shard }}/2"
@@ -50,8 +57,8 @@ def check_schema(*paths: Path) -> subprocess.CompletedProcess:
          *map(str, paths)], capture_output=True, text=True)
 
 
-def workflow(name: str) -> dict:
-    data = yaml.safe_load((WORKFLOWS / name).read_text())
+def workflow(name: str, folder: Path = WORKFLOWS) -> dict:
+    data = yaml.safe_load((folder / name).read_text())
     data["on"] = data.pop(True)            # YAML 1.1 reads the bare key `on` as true
     return data
 
@@ -113,7 +120,7 @@ def test_every_action_is_pinned_to_a_confirmed_commit_with_its_tag():
 
 def test_no_write_permission_at_the_workflow_level_and_each_writer_in_its_one_job():
     expected = {"memory-pr.yml": {"contents": "read"}, "memory-nightly.yml": {"contents": "read"},
-                "memory-comment.yml": {}}
+                "memory-comment.yml": {}, "memory-accept.yml": {}}
     for name in FILES:
         data = workflow(name)
         assert data["permissions"] == expected[name], name
@@ -136,17 +143,16 @@ def test_pip_is_cached_by_every_python_setup():
             assert Path(setup["with"]["cache-dependency-path"]).name == "pyproject.toml", name
 
 
-def assert_sharded(data: dict, job: str, merger: str, artifact: str) -> None:
-    """`job` runs two shards and uploads each; `merger` downloads them all and merges them."""
+def assert_sharded(data: dict, job: str, artifact: str, judge: dict, merger: str) -> None:
+    """`job` runs two shards and uploads each; `merger`, a job of the workflow `judge`, downloads
+    them all and merges them."""
     matrix = data["jobs"][job]["strategy"]
     assert matrix == {"fail-fast": False, "matrix": {"shard": [1, 2]}}
     upload = using(data, "actions/upload-artifact", job)
     assert [u["with"]["name"] for u in upload] == [f"{artifact}-${{{{ matrix.shard }}}}"]
     assert upload[0]["if"] == "always()"
-    assert data["jobs"][merger]["needs"] == job
-    assert data["jobs"][merger]["if"] == "${{ !cancelled() }}"
-    later = steps(data, merger)
-    download = using(data, "actions/download-artifact", merger)
+    later = steps(judge, merger)
+    download = using(judge, "actions/download-artifact", merger)
     assert [d["with"]["pattern"] for d in download] == [f"{artifact}-*"]
     merge = next(s for s in later if MERGES.search(s.get("run", "")))
     assert later.index(download[0]) < later.index(merge)
@@ -158,42 +164,175 @@ def merge_step(data: dict, job: str) -> str:
     return next(s["run"] for s in steps(data, job) if MERGES.search(s.get("run", "")))
 
 
-def test_pull_request_workflow_runs_the_head_and_lets_the_target_branch_judge():
-    """The head's kvmem runs its scenarios; the target branch's kvmem gives the verdict with
-    `gate pr`, against the target's commit, honouring every exit status; the label re-runs it."""
-    data = workflow("memory-pr.yml")
-    assert data["on"] == {"pull_request": {"types": ["opened", "synchronize", "reopened",
-                                                     "labeled", "unlabeled"]}}
-    assert list(data["jobs"]) == ["run", "judge"]
-    assert_sharded(data, "run", "judge", "memory-reports-shard")
-    run = next(s for s in steps(data, "run") if SHARD_FLAG in s.get("run", ""))
-    assert run["run"] == f"python -m harness run scenarios {SHARD_FLAG} --out reports"
-    # No step anywhere swallows a status: no continue-on-error, no `|| true`.
-    assert not any("continue-on-error" in s for s in steps(data))
-    assert "|| true" not in scripts(data)
-    judge_out = using(data, "actions/checkout", "judge")
-    assert [c["with"]["path"] for c in judge_out] == ["head", "judge"]
-    assert judge_out[1]["with"]["ref"] == "${{ github.event.pull_request.base.sha }}"
-    assert judge_out[0]["with"]["fetch-depth"] == 0
-    assert "venv-judge/bin/pip install --quiet ./judge" in scripts(data, "judge")
-    gate = next(s for s in steps(data, "judge") if "gate pr" in s.get("run", ""))
+def step(data: dict, job: str, name: str) -> dict:
+    """The step of `job` whose id is `name`."""
+    return next(s for s in steps(data, job) if s.get("id") == name)
+
+
+# The pull-request check, as this repository runs it and as `kvmem init` writes it.
+CHECKS = {"this-repository": (WORKFLOWS, "memory"), "init": (KIT, "kvmem")}
+HEAD_SHA = "${{ github.event.workflow_run.head_sha }}"
+STATUS_FUNCTION = re.compile(r"\b(?:always|cancelled|failure|success)\(\)")
+needs_node = pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+
+
+@dataclass(frozen=True)
+class Check:
+    """The workflows of one pull-request check, parsed."""
+
+    measure: dict
+    judge: dict
+    accept: dict
+    measured: str  # the measurement workflow's path in its repository
+
+
+@pytest.fixture(params=list(CHECKS))
+def check(request) -> Check:
+    folder, prefix = CHECKS[request.param]
+    return Check(workflow(f"{prefix}-pr.yml", folder), workflow(f"{prefix}-comment.yml", folder),
+                 workflow(f"{prefix}-accept.yml", folder), f".github/workflows/{prefix}-pr.yml")
+
+
+def guarded(data: dict, name: str, measured: str) -> bool:
+    """Whether job `name` runs only for a run of the measurement workflow's own file on a pull
+    request: by its own condition, or by needing a job that does."""
+    job = data["jobs"][name]
+    condition = job.get("if", "")
+    assert "||" not in condition, f"{name}: a condition is read as a conjunction"
+    if (f"github.event.workflow_run.path == '{measured}'" in condition
+            and "github.event.workflow_run.event == 'pull_request'" in condition):
+        return True
+    needs = job.get("needs", [])
+    # A status function runs a job whose needs were skipped, unless its condition says not.
+    ran = lambda need: (not STATUS_FUNCTION.search(condition)
+                        or f"needs.{need}.result != 'skipped'" in condition)
+    return any(guarded(data, need, measured) and ran(need)
+               for need in ([needs] if isinstance(needs, str) else needs))
+
+
+def test_the_judge_runs_only_after_the_measurement_workflows_own_file(check):
+    """A branch can add a workflow with the measurement's name: every job of the judge checks
+    the run's file and event, itself or through a job it needs."""
+    judge = check.judge
+    assert judge["on"] == {"workflow_run": {"workflows": [check.measure["name"]],
+                                            "types": ["requested", "completed"]}}
+    assert judge["env"]["MEASUREMENT"] == check.measured
+    assert all(guarded(judge, name, check.measured) for name in judge["jobs"])
+    unguarded = {**judge, "jobs": {**judge["jobs"], "report": {
+        **judge["jobs"]["report"], "if": "${{ !cancelled() }}"}}}
+    assert not guarded(unguarded, "report", check.measured)
+    # Pending when a measurement starts; the verdict when it ends, unless it was cancelled for
+    # a later run, whose verdict follows.
+    assert "github.event.action == 'requested'" in judge["jobs"]["pending"]["if"]
+    assert "github.event.action == 'completed'" in judge["jobs"]["pull"]["if"]
+    assert "github.event.workflow_run.conclusion != 'cancelled'" in judge["jobs"]["pull"]["if"]
+    # The events of one commit one at a time, none cut short.
+    assert judge["concurrency"]["group"].endswith("-" + HEAD_SHA)
+    assert judge["concurrency"]["cancel-in-progress"] is False
+
+
+def test_the_judge_runs_nothing_of_the_head(check):
+    """The judge's kvmem is installed in a virtual environment beside the head's folder before
+    the head is checked out; afterwards nothing runs Python or pip, and every kvmem is that
+    console script (a `python -m` would import the head's folder first)."""
+    later = steps(check.judge, "judge")
+    head = next(s for s in later if s.get("with", {}).get("path") == "head")
+    assert head["uses"].startswith("actions/checkout@")
+    assert head["with"] == {"ref": HEAD_SHA, "path": "head", "fetch-depth": 0,
+                            "persist-credentials": False}
+    before, after = later[:later.index(head)], later[later.index(head) + 1:]
+    install = next(s for s in before if "pip install" in s.get("run", ""))
+    assert "working-directory" not in install
+    first, second = install["run"].splitlines()
+    assert first == "python -m venv venv-judge"
+    assert second in ("venv-judge/bin/pip install --quiet ./judge",
+                      'venv-judge/bin/pip install --quiet "$KVMEM_INSTALL"')
+    for s in after:
+        script = s.get("run", "")
+        assert not re.search(r"\b(?:python3?|pip)\b", script), s["name"]
+        assert not s.get("uses", "").startswith("./"), s["name"]
+        venv = "../venv-judge" if s.get("working-directory") == "head" else "venv-judge"
+        for command in re.findall(r"(\S*kvmem) (?:gate|merge)\b", script):
+            assert command == f"{venv}/bin/kvmem", s["name"]
+    assert [s["id"] for s in after if "working-directory" in s] == ["gate"]
+    gate = step(check.judge, "judge", "gate")
     assert gate["working-directory"] == "head"
-    assert '../venv-judge/bin/kvmem gate pr --base "$BASE_SHA" --from ../reports' in gate["run"]
-    assert gate["env"]["ACCEPTED"] == (
-        "${{ contains(github.event.pull_request.labels.*.name, 'memory-accepted') }}")
-    assert gate["env"]["KVMEM_ARTIFACT_URL"].endswith("/actions/runs/${{ github.run_id }}")
-    assert 'exit "$status"' in gate["run"] and "${{" not in gate["run"]
-    uploads = using(data, "actions/upload-artifact", "judge")
-    assert {s["with"]["name"] for s in uploads} == {"memory-delta", "memory-reports"}
-    assert all(s["if"] == "always()" for s in uploads)
-    checkouts = using(data, "actions/checkout")
-    assert all(c["with"]["persist-credentials"] is False for c in checkouts)
+    assert re.search(r'venv-judge/bin/kvmem gate pr --base "\$BASE_SHA" --from \.\./reports '
+                     r'--out \.\./verdict', gate["run"])
+
+
+def test_the_judge_reads_the_measured_runs_own_artifacts_and_the_base_from_the_api(check):
+    """Artifacts by the measured run's id, the head by its commit, the base commit and the
+    acceptance from the pull request as the API gives it when judging."""
+    judge, measure = check.judge, check.measure
+    downloads = using(judge, "actions/download-artifact", "judge")
+    assert downloads
+    for download in downloads:
+        assert download["with"]["run-id"] == "${{ github.event.workflow_run.id }}"
+        assert download["with"]["github-token"] == "${{ github.token }}"
+    names = {d["with"].get("name") or d["with"]["pattern"].replace("*", "${{ matrix.shard }}")
+             for d in downloads}
+    assert names == {u["with"]["name"] for u in using(measure, "actions/upload-artifact")}
+    gate = step(judge, "judge", "gate")
+    assert gate["env"]["BASE_SHA"] == "${{ needs.pull.outputs.base }}"
+    assert gate["env"]["ACCEPTED"] == "${{ needs.pull.outputs.accepted }}"
+    assert gate["env"]["KVMEM_ARTIFACT_URL"] == "${{ github.event.workflow_run.html_url }}"
+    compared = step(judge, "judge", "workflow")
+    assert compared["env"] == {"BASE_SHA": "${{ needs.pull.outputs.base }}",
+                               "HEAD_SHA": HEAD_SHA}
+    assert judge["jobs"]["pull"]["outputs"]["base"] == "${{ steps.find.outputs.base }}"
+
+
+def test_each_job_of_the_check_holds_only_what_it_needs(check):
+    judge = check.judge
+    assert judge["permissions"] == {} and check.accept["permissions"] == {}
+    assert {name: job["permissions"] for name, job in judge["jobs"].items()} == {
+        "pending": {"statuses": "write"},
+        "pull": {"actions": "read", "pull-requests": "read"},
+        "judge": {"actions": "read", "contents": "read"},
+        "report": {"statuses": "write", "pull-requests": "write"}}
+    assert check.accept["jobs"]["withdraw"]["permissions"] == {"pull-requests": "write"}
+    # What writes runs no shell and checks nothing out.
+    for data in (judge, check.accept):
+        for name, job in data["jobs"].items():
+            if "write" in job["permissions"].values():
+                assert not any("run" in s or "checkout" in s.get("uses", "")
+                               for s in job["steps"]), name
+    # The measurement reads the repository, nothing more, in every job.
+    for name, job in check.measure["jobs"].items():
+        assert job.get("permissions", check.measure["permissions"]) == {"contents": "read"}, name
+
+
+def test_the_measurement_runs_the_head_and_leaves_only_data(check):
+    measure = check.measure
+    assert measure["on"] == {"pull_request": {"types": ["opened", "synchronize", "reopened",
+                                                        "labeled", "unlabeled"]}}
+    checkouts = using(measure, "actions/checkout")
+    assert [c["with"] for c in checkouts] == [
+        {"ref": "${{ github.event.pull_request.head.sha }}", "persist-credentials": False}]
+    assert "gate pr" not in scripts(measure) and not using(measure, "actions/github-script")
+    uploads = using(measure, "actions/upload-artifact")
+    assert uploads and all(u["if"] == "always()" for u in uploads)
+    # No step swallows a status: no continue-on-error, no `|| true`.
+    assert not any("continue-on-error" in s for s in steps(measure))
+    assert "|| true" not in scripts(measure)
+
+
+def test_this_repositorys_check_measures_in_shards_and_judges_with_the_default_branch():
+    measure, judge = workflow("memory-pr.yml"), workflow("memory-comment.yml")
+    assert list(measure["jobs"]) == ["run"]
+    assert_sharded(measure, "run", "memory-reports-shard", judge, "judge")
+    run = next(s for s in steps(measure, "run") if SHARD_FLAG in s.get("run", ""))
+    assert run["run"] == f"python -m harness run scenarios {SHARD_FLAG} --out reports"
+    # The default branch, where workflow_run runs: no `ref`.
+    own = next(c for c in using(judge, "actions/checkout", "judge") if c["with"]["path"] == "judge")
+    assert own["with"] == {"path": "judge", "persist-credentials": False}
+    assert 'exit "$status"' in step(judge, "judge", "gate")["run"]
 
 
 def test_the_judge_step_keeps_the_worst_status(tmp_path):
     """The step's script, run with a fake kvmem: the gate's status, else the merge's."""
-    data = workflow("memory-pr.yml")
-    script = next(s for s in steps(data, "judge") if "gate pr" in s.get("run", ""))["run"]
+    script = step(workflow("memory-comment.yml"), "judge", "gate")["run"]
     (tmp_path / "venv-judge/bin").mkdir(parents=True)
     (tmp_path / "head").mkdir()
     kvmem = tmp_path / "venv-judge/bin/kvmem"
@@ -208,26 +347,257 @@ def test_the_judge_step_keeps_the_worst_status(tmp_path):
         assert done.returncode == expected, (gate, merged)
         args = (tmp_path / "args").read_text().split()
         assert ("--accept" in args) == (accepted == "true")
+        assert args[:4] == ["gate", "pr", "--base", "abc"]
 
 
-def test_comment_workflow_posts_with_a_write_token_and_runs_no_pull_request_code():
-    data, pr = workflow("memory-comment.yml"), workflow("memory-pr.yml")
-    assert data["on"] == {"workflow_run": {"workflows": [pr["name"]], "types": ["completed"]}}
-    assert data["jobs"]["comment"]["permissions"] == {"actions": "read", "pull-requests": "write"}
-    assert not using(data, "actions/checkout")
-    assert not any("run" in s for s in steps(data))
-    download = using(data, "actions/download-artifact")[0]
-    assert download["with"]["name"] == "memory-delta"
-    script = script_of(data, "comment")
-    assert f"const marker = '{MARKER}';" in script
-    assert "updateComment" in script and "createComment" in script
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def test_a_measurement_workflow_that_differs_from_the_base_is_a_change(check, tmp_path):
+    """The comparison step, run on a scratch repository: the file at the base commit against the
+    head's; a file the base lacks, or a base git cannot read, is a change."""
+    script = step(check.judge, "judge", "workflow")["run"]
+    repo = tmp_path / "head"
+    repo.mkdir()
+    git(repo, "init", "--quiet")
+    commits = []
+
+    def commit(path: str, text: str) -> None:
+        (repo / path).parent.mkdir(parents=True, exist_ok=True)
+        (repo / path).write_text(text)
+        git(repo, "add", path)
+        git(repo, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "--quiet", "-m", path)
+        commits.append(git(repo, "rev-parse", "HEAD"))
+
+    commit("README.md", "x\n")                          # no measurement workflow yet
+    commit(check.measured, "on: pull_request\n")        # the base
+    commit("scenarios/a.yaml", "a\n")                   # a head that keeps it
+    commit(check.measured, "on: pull_request  # edited\n")
+    none, base, kept, edited = commits
+    for base_sha, head_sha, expected in ((base, kept, "false"), (base, edited, "true"),
+                                         (none, kept, "true"), ("f" * 40, kept, "true")):
+        output = tmp_path / "output"
+        env = {"PATH": os.environ["PATH"], "GITHUB_OUTPUT": str(output), "BASE_SHA": base_sha,
+               "HEAD_SHA": head_sha, "MEASUREMENT": check.judge["env"]["MEASUREMENT"]}
+        subprocess.run(["bash", "-eo", "pipefail", "-c", script], cwd=tmp_path, env=env,
+                       check=True, capture_output=True)
+        assert output.read_text() == f"changed={expected}\n", (base_sha, head_sha)
+        output.unlink()
+
+
+def run_verdict(data: dict, folder: Path, delta: str | None, **env: str
+                ) -> tuple[dict[str, str], str, int]:
+    """Run the verdict step's script in `folder`, the gate having written `delta` (or nothing),
+    with the outcomes in `env`; return its outputs, the comment and its exit status."""
+    folder.mkdir()
+    if delta is not None:
+        (folder / "verdict").mkdir()
+        (folder / "verdict" / "memory-delta.md").write_text(delta)
+    output = folder / "output"
+    environment = {
+        "PATH": os.environ["PATH"], "GITHUB_OUTPUT": str(output),
+        "GITHUB_SERVER_URL": "https://github.com", "GITHUB_REPOSITORY": "o/r",
+        "GITHUB_RUN_ID": "7", "MEASURED": "https://github.com/o/r/actions/runs/5",
+        "CONCLUSION": "success", "REPORTS": "success", "GATE": "success", "CHANGED": "false",
+        "LABELLED": "false", "ACCEPTED": "false", **data["env"], **env}
+    done = subprocess.run(["bash", "-eo", "pipefail", "-c", step(data, "judge", "verdict")["run"]],
+                          cwd=folder, env=environment)
+    outputs = dict(line.split("=", 1) for line in output.read_text().splitlines())
+    return outputs, (folder / "verdict" / "comment.md").read_text(), done.returncode
+
+
+def test_the_verdict_fails_on_every_outcome_but_a_clean_pass(check, tmp_path):
+    judge = check.judge
+    verdict = step(judge, "judge", "verdict")
+    assert verdict["if"] == "always()"
+    assert all(s["if"] == "always()" for s in steps(judge, "judge")
+               if s.get("uses", "").startswith("actions/upload-artifact@"))
+    passed = f"{MARKER}\n### ✅ kvmem: no change\n"
+    cases = {  # name: (the gate's comment, the outcomes, the status, what the comment says)
+        "pass": (passed, {}, "success", "### ✅ kvmem: no change"),
+        "regression": (passed, {"GATE": "failure"}, "failure", "### ✅ kvmem: no change"),
+        "measurement failed": (passed, {"CONCLUSION": "failure"}, "failure",
+                               "The measurement run ended as `failure`"),
+        "workflow changed": (passed, {"CHANGED": "true"}, "failure",
+                             f"#### 🔴 The measurement workflow changed\n\n`{check.measured}`"),
+        "workflow change accepted": (passed, {"CHANGED": "true", "LABELLED": "true",
+                                              "ACCEPTED": "true"}, "success",
+                                     "Accepted: the measurement workflow changed"),
+        "label of an earlier commit": (passed, {"LABELLED": "true"}, "success",
+                                       f"The `{LABEL}` label predates this commit"),
+        "no reports": (None, {"REPORTS": "failure", "GATE": "skipped"}, "failure",
+                       "The measurement run left no reports"),
+        "crashed": (None, {"GATE": "failure"}, "failure", "The judge stopped before the gate"),
+    }
+    for name, (delta, outcomes, state, says) in cases.items():
+        outputs, comment, status = run_verdict(judge, tmp_path / name.replace(" ", "-"), delta,
+                                               **outcomes)
+        assert outputs["state"] == state and status == (state != "success"), name
+        assert len(outputs["description"]) <= 140
+        assert comment.startswith(f"{MARKER}\n") and comment.count(MARKER) == 1, name
+        assert says in comment, name
+        if delta is None:
+            assert "### 🔴 kvmem: no verdict" in comment, name
+    changed = run_verdict(judge, tmp_path / "why", passed, CHANGED="true")[0]
+    assert changed["description"] == f"the measurement workflow changed: it needs the {LABEL} label"
+
+
+def test_the_report_runs_after_every_outcome_of_the_judge(check):
+    report = check.judge["jobs"]["report"]
+    assert report["needs"] == ["pull", "judge"]
+    assert report["if"] == "${{ !cancelled() && needs.pull.result != 'skipped' }}"
+    assert check.judge["env"]["CONTEXT"] == CONTEXT
+    assert check.judge["env"]["LABEL"] == LABEL and check.judge["env"]["MARKER"] == MARKER
+
+
+STAND_IN = r"""
+const calls = [];
+const given = JSON.parse(process.argv[1]);
+const call = (name) => async (params) => {
+  calls.push([name, params]);
+  const status = (given.fail || {})[name];
+  if (status) throw Object.assign(new Error('failed'), { status });
+  return { data: {} };
+};
+const github = {
+  paginate: async (method, params) => { calls.push([method, params]); return given.lists[method] || []; },
+  rest: {
+    pulls: { list: 'pulls.list' },
+    actions: { listWorkflowRuns: 'actions.listWorkflowRuns' },
+    issues: { listEvents: 'issues.listEvents', listComments: 'issues.listComments',
+              createComment: call('createComment'), updateComment: call('updateComment'),
+              removeLabel: call('removeLabel') },
+    repos: { createCommitStatus: call('createCommitStatus') },
+  },
+};
+const outputs = {};
+const core = { setOutput: (k, v) => { outputs[k] = v; }, setFailed: (m) => { outputs.failed = m; },
+               notice: () => {} };
+const context = { repo: { owner: 'o', repo: 'r' }, serverUrl: 'https://github.com', runId: 7,
+                  payload: given.payload };
+const AsyncFunction = Object.getPrototypeOf(async function () {}).constructor;
+new AsyncFunction('require', 'github', 'context', 'core', given.script)(require, github, context, core)
+  .then(() => console.log(JSON.stringify({ calls, outputs })));
+"""
+RUN = {"head_sha": "h", "head_repository": {"id": 2}, "workflow_id": 5, "pull_requests": [],
+       "created_at": "2025-01-01T00:10:00Z", "html_url": "https://github.com/o/r/actions/runs/5"}
+
+
+def run_script(data: dict, job: str, cwd: Path, payload: dict, lists: dict | None = None,
+               fail: dict | None = None, **env: str) -> dict:
+    """Run the github-script step of `job` under node against a stand-in GitHub API, with the
+    workflow's environment and `env`; return the calls it made and the outputs it set."""
+    script = next(s for s in steps(data, job) if "script" in s.get("with", {}))["with"]["script"]
+    given = {"script": script, "payload": payload, "lists": lists or {}, "fail": fail or {}}
+    result = subprocess.run(["node", "-e", STAND_IN, json.dumps(given)], cwd=cwd,
+                            capture_output=True, text=True,
+                            env={**os.environ, **data.get("env", {}), **env})
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@needs_node
+def test_the_judge_finds_the_pull_request_and_counts_a_label_only_after_the_push(check, tmp_path):
+    """A fork's pull request is not listed on the run: it is found by its head commit and
+    repository. The label accepts only when applied after the commit was first measured."""
+    def pull(number: int, sha: str = "h", repo: int = 2, labels: tuple = (LABEL,)) -> dict:
+        return {"number": number, "head": {"sha": sha, "repo": {"id": repo}},
+                "base": {"sha": "b"}, "labels": [{"name": name} for name in labels]}
+
+    def labelled(at: str) -> list[dict]:
+        return [{"event": "labeled", "label": {"name": LABEL}, "created_at": at},
+                {"event": "labeled", "label": {"name": "other"}, "created_at": "2025-02-01T00:00:00Z"}]
+
+    runs = [{"created_at": "2025-01-01T00:00:00Z"}, {"created_at": RUN["created_at"]}]
+    find = lambda pulls, events: run_script(
+        check.judge, "pull", tmp_path, {"workflow_run": RUN},
+        {"pulls.list": pulls, "issues.listEvents": events, "actions.listWorkflowRuns": runs})
+    open_pulls = [pull(3), pull(4, repo=9), pull(5, sha="x")]
+    after = find(open_pulls, labelled("2025-01-01T00:05:00Z"))
+    assert after["outputs"] == {"number": "3", "base": "b", "labelled": "true", "accepted": "true"}
+    assert ["actions.listWorkflowRuns", {"owner": "o", "repo": "r", "workflow_id": 5,
+                                         "head_sha": "h", "event": "pull_request",
+                                         "per_page": 100}] in after["calls"]
+    before = find(open_pulls, labelled("2024-12-31T23:59:00Z"))
+    assert before["outputs"] == {"number": "3", "base": "b", "labelled": "true",
+                                 "accepted": "false"}
+    unlabelled = find([pull(3, labels=())], labelled("2025-01-01T00:05:00Z"))
+    assert unlabelled["outputs"]["accepted"] == "false"
+    assert [c[0] for c in unlabelled["calls"]] == ["pulls.list"]
+    # Two open pull requests with this head (or none): no verdict, the job fails.
+    twice = find([pull(3), pull(6)], [])
+    assert "number" not in twice["outputs"] and twice["outputs"]["failed"]
+
+
+@needs_node
+def test_every_outcome_sets_the_status_and_a_crash_still_comments(check, tmp_path):
+    """The report step sets the status on the head commit whatever the judge did, then posts the
+    judge's comment, or says the judge did not finish."""
+    verdict = tmp_path / "verdict"
+    verdict.mkdir()
+    (verdict / "comment.md").write_text(f"{MARKER}\n### 🔴 x\n")
+    report = lambda comments=(), **env: run_script(
+        check.judge, "report", tmp_path, {"workflow_run": RUN},
+        {"issues.listComments": list(comments)}, **env)
+
+    def status(result: dict) -> dict:
+        sets = [c[1] for c in result["calls"] if c[0] == "createCommitStatus"]
+        assert len(sets) == 1
+        assert sets[0]["sha"] == "h" and sets[0]["context"] == CONTEXT
+        assert sets[0]["target_url"] == "https://github.com/o/r/actions/runs/7"
+        return sets[0]
+
+    passed = report(NUMBER="3", STATE="success", DESCRIPTION="passed")
+    assert status(passed)["state"] == "success"
+    assert passed["calls"][-1] == ["createComment", {"owner": "o", "repo": "r",
+                                                     "issue_number": 3,
+                                                     "body": f"{MARKER}\n### 🔴 x\n"}]
+    mine = {"id": 11, "user": {"login": "github-actions[bot]"}, "body": f"{MARKER}\nold"}
+    failed = report([mine], NUMBER="3", STATE="failure", DESCRIPTION="a regression")
+    assert status(failed)["state"] == "failure" and status(failed)["description"] == "a regression"
+    assert failed["calls"][-1][0] == "updateComment" and failed["calls"][-1][1]["comment_id"] == 11
+    nobody = report(NUMBER="", STATE="", DESCRIPTION="")
+    assert status(nobody)["state"] == "failure"
+    assert [c[0] for c in nobody["calls"]] == ["createCommitStatus"]
+    (verdict / "comment.md").unlink()
+    crashed = report(NUMBER="3", STATE="", DESCRIPTION="")
+    assert status(crashed)["state"] == "failure"
+    assert status(crashed)["description"] == "the judge did not finish"
+    body = crashed["calls"][-1][1]["body"]
+    assert body.startswith(f"{MARKER}\n### 🔴 kvmem: the judge did not finish")
+    pending = run_script(check.judge, "pending", tmp_path, {"workflow_run": RUN})
+    assert pending["calls"] == [["createCommitStatus", {
+        "owner": "o", "repo": "r", "sha": "h", "state": "pending", "context": CONTEXT,
+        "description": "measuring the head", "target_url": RUN["html_url"]}]]
+
+
+def test_a_push_withdraws_the_acceptance_from_a_job_that_runs_nothing(check):
+    accept = check.accept
+    assert accept["on"] == {"pull_request_target": {"types": ["synchronize"]}}
+    assert list(accept["jobs"]) == ["withdraw"]
+    job = accept["jobs"]["withdraw"]
+    assert job["if"] == f"contains(github.event.pull_request.labels.*.name, '{LABEL}')"
+    assert [s["uses"].split("@")[0] for s in job["steps"]] == ["actions/github-script"]
+
+
+@needs_node
+def test_the_withdrawal_removes_the_label_and_takes_its_absence_calmly(check, tmp_path):
+    removal = ["removeLabel", {"owner": "o", "repo": "r", "issue_number": 3, "name": LABEL}]
+    for fail in ({}, {"removeLabel": 404}):
+        result = run_script(check.accept, "withdraw", tmp_path, {"pull_request": {"number": 3}},
+                            fail=fail)
+        assert result["calls"] == [removal]
 
 
 def test_nightly_workflow_checks_merged_shards_and_uploads_plots_and_history():
     data = workflow("memory-nightly.yml")
     assert data["on"]["schedule"] == [{"cron": "17 3 * * *"}]
     assert list(data["jobs"]) == ["run", "baseline-check", "pages", "issue"]
-    assert_sharded(data, "run", "baseline-check", "memory-nightly-shard")
+    assert_sharded(data, "run", "memory-nightly-shard", data, "baseline-check")
+    assert data["jobs"]["baseline-check"]["needs"] == "run"
+    assert data["jobs"]["baseline-check"]["if"] == "${{ !cancelled() }}"
     assert f"-m harness run scenarios {SHARD_FLAG} --out reports/nightly" in scripts(data, "run")
     check = scripts(data, "baseline-check")
     # The nightly stops on a lost shard: the baselines of its variants would look removed.

@@ -2,9 +2,10 @@
 
 It writes the files under `templates/`, as they are, into the root of the git repository it
 runs in: a starter scenario that passes in seconds, a baselines folder saying how baselines
-are recorded, and three GitHub workflows (the pull-request check, its comment, a nightly
-check) that install one pinned kvmem (`pin.py`). Files already there are refused, not
-overwritten, unless asked: they may be the user's own.
+are recorded, and four GitHub workflows: a pull request's measurement, its judge (the verdict
+as the commit status `CONTEXT`, and the comment), the withdrawal of an acceptance on a push,
+and a nightly check; those that run kvmem install one pinned kvmem (`pin.py`). Files already
+there are refused, not overwritten, unless asked: they may be the user's own.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 # The workflows' `KVMEM_INSTALL: ...` value, replaced by the pinned requirement as a YAML string.
 PLACEHOLDER = "__KVMEM_INSTALL__"
 LABEL = "memory-accepted"
+# The commit status the judge sets on a pull request's head: what branch protection requires.
+CONTEXT = "kvmem/memory"
 
 
 class AdoptError(BadInput):
@@ -91,7 +94,11 @@ def _init(args: argparse.Namespace, console: Console) -> int:
                   "  3. add reports/ and kvmem-gate/ to .gitignore; commit scenarios/, "
                   "baselines/ and .github/workflows/\n"
                   f"  4. create the label {LABEL}: a maintainer applies it to a pull request to "
-                  "accept its memory change", highlight=False, markup=False, soft_wrap=True)
+                  "accept its memory change (a push takes it off again)\n"
+                  f"  5. once the workflows are on the default branch, make the status {CONTEXT} "
+                  "a required check of that branch (branch protection or a ruleset): the judge "
+                  "sets it on each pull request's head commit",
+                  highlight=False, markup=False, soft_wrap=True)
     return 0
 
 
