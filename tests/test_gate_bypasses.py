@@ -171,3 +171,51 @@ def test_a_genuinely_improved_branch_still_passes(branch):
     assert code == 0
     assert comment.splitlines()[1] == "### 🟢 kvmem: memory improved in 1 variant, no regression"
     assert result["changes"] == []
+
+
+HOST_SCENARIO = """\
+name: gate_host
+description: A store whose copies outside MLX are what the pull request changes.
+model: {dtype: float16, vocab: 1024, layers: [{count: 4, kind: full, kv_heads: 4, head_dim: 64}]}
+cache:
+  store: {component: "hoststore:Store"}
+workload:
+  prefill_chunk: 128
+  requests: [{prompt: 248, decode: 8, repeat: 20}]
+"""
+HOST_STORE = """\
+from tests.fixtures.host_store import NumpyCopyStore
+
+KEEP = False  # a copy of each request's keys and values is made; kept only where True
+
+
+class Store(NumpyCopyStore):
+    def __init__(self, geometry):
+        super().__init__(geometry, keep=KEEP)
+"""
+
+
+def test_a_store_that_keeps_a_host_copy_of_every_request_fails_the_gate(tmp_path, monkeypatch):
+    """Under the 32 MiB floor and the 64 MiB RSS floor: 1 MiB a request over 20 requests, with
+    no change to the scenario, only to the store's code."""
+    monkeypatch.chdir(tmp_path)
+    git("init", "-q", "-b", "main")
+    git("config", "user.name", "Maintainer")
+    git("config", "user.email", "maintainer@example.org")
+    Path("scenarios").mkdir()
+    Path("scenarios/gate_host.yaml").write_text(HOST_SCENARIO)
+    Path("hoststore.py").write_text(HOST_STORE)
+    Path(".gitignore").write_text("reports*/\nkvmem-gate/\n__pycache__/\n")
+    assert scratch.cli("run", "scenarios", "--out", "reports-main") == 0
+    assert scratch.cli("baseline", "update", "--reason", "first record", "--from",
+                       "reports-main") == 0
+    commit("scenario, store and baselines")
+    git("checkout", "-q", "-b", "pr")
+    Path("hoststore.py").write_text(HOST_STORE.replace("KEEP = False", "KEEP = True"))
+    commit("keep the copies")
+    code, comment, result = gate()
+    assert code == 1
+    assert comment.splitlines()[1] == "### 🔴 kvmem: memory regression in 1 of 1 variant"
+    assert "expectation `host_memory` fails: expected none, got detected" in comment
+    assert "process memory outside MLX grows" in comment
+    assert result["changes"] == []                          # the scenario did not change
