@@ -133,13 +133,13 @@ def pull_request(args: argparse.Namespace, console: Console) -> int:
     head, crashed = _head_runs(args, paths)
     on = [s for s in head if s.backend == backend]
     notes: list[str] = []
-    defined = (_base_definitions(sha, top, folder, notes), _head_definitions(paths, head, top, notes))
+    base = pr.parse_baselines(git.read_folder(sha, top, folder), f"{args.base}:{folder}")
+    defined = (_base_definitions(base, sha, top, notes), _head_definitions(paths, head, top, notes))
     covered = [PurePosixPath(os.path.normpath(os.path.relpath(p))) for p in paths]
     names = {s.scenario for s in on} | {key[0] for key in defined[1]}
     keep = lambda found: {path: s for path, s in found.items() if s.backend == backend and (
         s.scenario in names or pr.selected([s], covered, {backend}))}
-    old = keep(pr.parse_baselines(git.read_folder(sha, top, folder), f"{args.base}:{folder}"))
-    new = keep(pr.parse_baselines(pr.read_tree(root), args.dir))
+    old, new = keep(base), keep(pr.parse_baselines(pr.read_tree(root), args.dir))
     rel, abs_ = options.tolerance_flags(args)
     if crashed is not None:
         comparison = head_failed(list(old.values()), crashed)
@@ -183,12 +183,10 @@ def _head_runs(args: argparse.Namespace, paths: list[str]) -> tuple[list[Summary
     return head, None
 
 
-def _base_definitions(sha: str, top: Path, folder: PurePosixPath,
-                      notes: list[str]) -> dict:
+def _base_definitions(baselines: dict, sha: str, top: Path, notes: list[str]) -> dict:
     """What the scenario files behind the base's baselines asked, read from git at the base."""
-    from ..gate import definition, git, pr
+    from ..gate import definition, git
 
-    baselines = pr.parse_baselines(git.read_folder(sha, top, folder), f"{sha[:12]}:{folder}")
     files = {f for s in baselines.values()
              if (f := definition.repository_path(s.scenario_file, top)) is not None}
     return definition.read(files, lambda f: git.read_file(sha, top, f), notes, "base")
