@@ -5,6 +5,7 @@ second. The agent, the traffic, server failures and the detectors on a server's 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -421,8 +422,10 @@ def test_concurrent_clients_and_interrupted_streams(model_path: str) -> None:
     (["--die-after", "4"], {},
      "the server exited with status 7 during request 2; the server's last output:\n"
      "fake server: dying at request 4"),
+    # Wedged: requests hang while the port answers, as a server whose generator died does.
     (["--hang-after", "3"], {"request_timeout": 1.0},
-     "request 1: no reply within 1 s: the server stopped answering"),
+     "the server stopped completing requests at request 1; its port still answers (GET "
+     "/v1/models answers HTTP 200): no reply within 1 s; at "),
     (["--fail-after", "2"], {}, "request 0: HTTP 500"),
     ([], {"command": "{python} -c \"import sys; sys.exit('no model here')\" {port}"},
      "the server exited with status 1 before its agent connected; the server's last output:\n"
@@ -521,3 +524,30 @@ def test_an_unwritable_model_cache_fails_the_variant_in_one_line(tmp_path: Path,
     outcome = execute(variant, timeout=60)
     assert outcome.status == "failed"
     assert str(blocked) in outcome.error and "Traceback" not in outcome.error
+
+
+def test_a_port_that_no_longer_answers_is_told_from_a_wedged_one() -> None:
+    """`still_answers`: nothing listening (the server is gone), a listener that accepts and
+    never replies, and one that answers GET /v1/models."""
+    import http.server
+
+    from harness.run.traffic import still_answers
+
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    assert still_answers("127.0.0.1", port, timeout=0.5) is None
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        assert still_answers("127.0.0.1", silent.getsockname()[1], timeout=0.5) == \
+            "it accepts connections"
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    thread = threading.Thread(target=server.handle_request)
+    thread.start()
+    try:
+        assert still_answers("127.0.0.1", server.server_address[1]) == \
+            "GET /v1/models answers HTTP 501"
+    finally:
+        thread.join(5)
+        server.server_close()

@@ -41,6 +41,7 @@ from packaging.requirements import Requirement
 
 from ..agent import kvmem_agent
 from ..common.child import die_with_parent, how
+from ..common.units import format_bytes
 from ..judge.summary import ModelFacts
 from ..models.loading import ModelError
 from ..models.serving import ServedModel, prepare
@@ -316,6 +317,10 @@ class ServerEngine:
         try:
             reply = traffic.send(HOST, port, call, self.server.request_timeout,
                                  self._model_name)
+        except traffic.NoReply as exc:
+            self._check_alive(f"during request {call.index}", wait=1.0)
+            answers = traffic.still_answers(HOST, port)
+            raise self._failure(self._wedged(call.index, answers) if answers else str(exc)) from None
         except traffic.TrafficError as exc:
             self._check_alive(f"during request {call.index}", wait=1.0)
             raise self._failure(str(exc)) from None
@@ -328,6 +333,23 @@ class ServerEngine:
             served = self._served
         if self.progress is not None:
             self.progress(served)
+
+    def _wedged(self, request: int, answers: str) -> str:
+        """A server alive and answering on its port whose request did not complete: when, and
+        the memory it held then (the agent's reading at the request's start; the process's
+        resident memory now, read from outside)."""
+        rows = self.probe.rows()
+        held = []
+        if len(rows):
+            held.append(f"at {float(rows[-1]['time']):.1f} s, "
+                        f"{format_bytes(int(rows[-1]['active']))} of MLX memory active")
+        with contextlib.suppress(psutil.Error, AssertionError):
+            assert self._process is not None
+            held.append(f"{format_bytes(psutil.Process(self._process.pid).memory_info().rss)} "
+                        "resident")
+        return (f"the server stopped completing requests at request {request}; its port still "
+                f"answers ({answers}): no reply within {self.server.request_timeout:g} s"
+                + (f"; {', '.join(held)}" if held else ""))
 
     def _round(self, port: int, calls: list[traffic.Call]) -> None:
         if len(calls) == 1:

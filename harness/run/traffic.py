@@ -26,6 +26,11 @@ class TrafficError(Exception):
     """A request the server did not answer as an OpenAI-compatible server would."""
 
 
+class NoReply(TrafficError):
+    """A request with no reply within its timeout: the server may be dead, or wedged (its port
+    answering while no request completes)."""
+
+
 @dataclass
 class Session:
     """One conversation: its messages so far, the server's replies included."""
@@ -171,8 +176,8 @@ def send(host: str, port: int, call: Call, timeout: float, model: str | None = N
                                   else ""))
         reply = _streamed(response, call) if call.stream else _whole(response)
     except TimeoutError:
-        raise TrafficError(f"{name}: no reply within {timeout:g} s: the server stopped "
-                           "answering") from None
+        raise NoReply(f"{name}: no reply within {timeout:g} s: the server stopped "
+                      "answering") from None
     except (OSError, http.client.HTTPException, ValueError) as exc:
         raise TrafficError(f"{name}: {type(exc).__name__}: {exc}") from None
     finally:
@@ -181,6 +186,23 @@ def send(host: str, port: int, call: Call, timeout: float, model: str | None = N
         call.session.messages += [{"role": "user", "content": call.text},
                                   {"role": "assistant", "content": reply.text}]
     return reply
+
+
+def still_answers(host: str, port: int, timeout: float = 2.0) -> str | None:
+    """How the server's port still answers, where a request got no reply: `GET /v1/models`
+    answered (with its status), or at least a connection accepted; None when neither. A
+    server that answers so while no request completes is wedged, not gone (mlx-lm's
+    BatchGenerator once died so, leaving /v1/models at 200 and every completion hanging)."""
+    connection = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        connection.request("GET", "/v1/models")
+        return f"GET /v1/models answers HTTP {connection.getresponse().status}"
+    except TimeoutError:
+        return "it accepts connections"
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        connection.close()
 
 
 def _text(choice: dict) -> str:
