@@ -12,7 +12,7 @@ from pydantic import Field
 from ..agent.kvmem_agent import IN_FLIGHT
 from ..common.units import Size, mib
 from .frames import point_name, quiescent, unexplained, where
-from .records import MAX_STEPS_LISTED, Finding, from_hits
+from .records import MAX_STEPS_LISTED, Finding, Severity, from_hits
 from .thresholds import MAX_WARMUP, Thresholds, TrendThresholds
 from .trend import Trend, held, in_step, rising
 
@@ -32,6 +32,20 @@ def _since(trend: Trend, points: pd.DataFrame, unit: str) -> str:
     return f" from {unit} {label}"
 
 
+def _trending(kind: str, points: pd.DataFrame, trend: Trend, rate: float, head: str,
+              middle: str = "", tail: str = "", severity: Severity = "error") -> Finding:
+    """A finding of a rise over the points at rest, in the words every trend uses: `head`, the
+    rate per request (or turn) from where the rise begins, over how many, `middle`, the fit,
+    `tail`."""
+    unit = point_name(points)
+    return Finding(
+        kind=kind, step=int(points["step"].iloc[-1]), bytes=round(rate), count=trend.deltas,
+        message=f"{head} {rate:,.0f} B per {unit}{_since(trend, points, unit)} over "
+                f"{trend.deltas} {unit}s{middle} (fit r²={trend.r2:.3f}){tail}",
+        steps=points["step"].iloc[trend.start:].head(MAX_STEPS_LISTED).tolist(),
+        severity=severity)
+
+
 def leak(frame: pd.DataFrame, t: LeakThresholds, backend: str) -> Finding | None:
     """Leak: memory at rest that no component reports (nor cycle garbage) keeps rising past the
     warm-up without levelling off, and not in step with what the components report (that is
@@ -46,14 +60,9 @@ def leak(frame: pd.DataFrame, t: LeakThresholds, backend: str) -> Finding | None
     trend = rising(unexplained(points, frame), t.min_bytes, t.r2, t.hold)
     if trend is None or in_step(frame):
         return None
-    unit = point_name(points)
-    return Finding(
-        kind="leak", step=int(points["step"].iloc[-1]), bytes=round(trend.rate),
-        count=trend.deltas,
-        message=f"memory at rest that no component reports grows {trend.rate:,.0f} B per "
-                f"{unit}{_since(trend, points, unit)} over {trend.deltas} {unit}s after a "
-                f"warm-up of {t.warmup} (fit r²={trend.r2:.3f})",
-        steps=points["step"].iloc[trend.start:].head(MAX_STEPS_LISTED).tolist())
+    return _trending("leak", points, trend, trend.rate,
+                     "memory at rest that no component reports grows",
+                     middle=f" after a warm-up of {t.warmup}")
 
 
 class UnboundedThresholds(TrendThresholds):
@@ -85,14 +94,10 @@ def unbounded(frame: pd.DataFrame, t: UnboundedThresholds, backend: str) -> Find
     over = (f"over the budget of {mib(budget)} MiB" if budget is not None else
             "with no budget stated (detect.unbounded.budget)")
     assert trend is not None
-    return Finding(
-        kind="unbounded", step=int(points["step"].iloc[-1]), bytes=round(trend.rate),
-        count=trend.deltas,
-        message=f"components report {mib(reported)} MiB at rest, {over}, growing "
-                f"{trend.rate:,.0f} B per {unit}{_since(trend, points, unit)} over "
-                f"{trend.deltas} {unit}s with no plateau (fit r²={trend.r2:.3f})",
-        steps=points["step"].iloc[trend.start:].head(MAX_STEPS_LISTED).tolist(),
-        severity="error" if budget is not None else "warning")
+    return _trending("unbounded", points, trend, trend.rate,
+                     f"components report {mib(reported)} MiB at rest, {over}, growing",
+                     middle=" with no plateau",
+                     severity="error" if budget is not None else "warning")
 
 
 def _own_cap(points: pd.DataFrame) -> int | None:
@@ -238,25 +243,18 @@ def _host_trend(points: pd.DataFrame, rise: pd.Series, t: HostThresholds) -> Fin
     (the lower median delta from the onset: at least half of them add this much) adds
     `min_rate` or more, and `min_trend_bytes` or more over the requests it spans. The median
     ignores a one-off step (an allocator arena, a thread's stack) however large it is."""
-    import numpy as np
-
     judged = rise.iloc[t.warmup:]
     trend = rising(judged, t.min_rate, t.r2, t.hold)
     if trend is None:
         return None
-    deltas = np.sort(np.diff(judged.to_numpy(dtype=float)[trend.start:]))
-    rate = float(deltas[(len(deltas) - 1) // 2])
+    deltas = judged.iloc[trend.start:].astype(float).diff().dropna().sort_values()
+    rate = float(deltas.iloc[(len(deltas) - 1) // 2])
     if rate < t.min_rate or rate * trend.deltas < t.min_trend_bytes:
         return None
-    window, unit = points.iloc[t.warmup:], point_name(points)
-    return Finding(
-        kind="host_memory", step=int(window["step"].iloc[-1]), bytes=round(rate),
-        count=trend.deltas,
-        message=f"process memory outside MLX grows {rate:,.0f} B per {unit}"
-                f"{_since(trend, window, unit)} over {trend.deltas} {unit}s (fit "
-                f"r²={trend.r2:.3f}), {mib(judged.iloc[-1])} MiB above the baseline at rest; "
-                f"the components report {mib(window['host'].iloc[-1])} MiB outside MLX",
-        steps=window["step"].iloc[trend.start:].head(MAX_STEPS_LISTED).tolist())
+    window = points.iloc[t.warmup:]
+    return _trending("host_memory", window, trend, rate, "process memory outside MLX grows",
+                     tail=f", {mib(judged.iloc[-1])} MiB above the baseline at rest; the "
+                          f"components report {mib(window['host'].iloc[-1])} MiB outside MLX")
 
 
 class GcThresholds(Thresholds):
