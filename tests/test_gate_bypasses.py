@@ -219,3 +219,8 @@ def test_a_store_that_keeps_a_host_copy_of_every_request_fails_the_gate(tmp_path
     assert "expectation `host_memory` fails: expected none, got detected" in comment
     assert "process memory outside MLX grows" in comment
     assert result["changes"] == []                          # the scenario did not change
+
+
+def test_an_unknown_backend_is_bad_input(branch, capsys):
+    assert scratch.cli("gate", "pr", "--base", "main", "--backend", "metla") == 2
+    assert "invalid choice: 'metla' (choose from 'cpu', 'metal', 'cuda')" in capsys.readouterr().err

@@ -20,6 +20,7 @@ from ..gate.policy import ACCEPT_LABEL
 from ..gate.render import render_text
 from ..judge.summary import Summary, checked, load_summaries
 from ..report import console as term
+from ..run.environment import BACKENDS
 from . import options
 
 
@@ -287,10 +288,10 @@ def _add_gate(sub: argparse._SubParsersAction) -> None:
     pull.add_argument("--from", dest="source", metavar="REPORTS",
                       help="judge the summaries under REPORTS instead of running the scenarios")
     pull.add_argument("--dir", default="baselines", help="baselines folder (default: baselines)")
-    pull.add_argument("--backend", metavar="NAME",
-                      help="the backend whose baselines judge the head (cpu, metal, cuda; "
-                           "default: the one this machine runs MLX on); a head summary from "
-                           "another backend fails the check")
+    pull.add_argument("--backend", choices=BACKENDS,
+                      help="the backend whose baselines judge the head (default: the one this "
+                           "machine runs MLX on); a head summary from another backend fails "
+                           "the check")
     pull.add_argument("--reports", default="reports",
                       help="where the runs' reports go (default: reports)")
     pull.add_argument("--out", default="kvmem-gate",

@@ -10,9 +10,11 @@ import platform
 import subprocess
 from pathlib import Path
 
+BACKENDS = ("cpu", "metal", "cuda")  # what `backend` can say
+
 
 def backend() -> str:
-    """Which MLX backend produces the figures: cpu, metal or cuda."""
+    """Which MLX backend produces the figures: one of BACKENDS."""
     import mlx.core as mx  # here, not at the top: reading summaries must not load MLX
 
     if mx.default_device().type == mx.DeviceType.cpu:
