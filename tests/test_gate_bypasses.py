@@ -224,3 +224,20 @@ def test_a_store_that_keeps_a_host_copy_of_every_request_fails_the_gate(tmp_path
 def test_an_unknown_backend_is_bad_input(branch, capsys):
     assert scratch.cli("gate", "pr", "--base", "main", "--backend", "metla") == 2
     assert "invalid choice: 'metla' (choose from 'cpu', 'metal', 'cuda')" in capsys.readouterr().err
+
+
+def test_what_a_scenario_asks_is_read_whole_and_quietly():
+    """The judge's reading of a scenario file keeps a spike bound as the mapping it is (a
+    tagged union once serialized it as a presence, with a warning on every gate run)."""
+    import warnings
+
+    from harness.gate.definition import read
+
+    root = Path(__file__).resolve().parent.parent
+    notes: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        found = read([Path("scenarios/qwen3_8b_growth.yaml")],
+                     lambda f: (root / f).read_bytes(), notes, "head")
+    assert notes == []
+    assert found[("qwen3_8b_growth", "kvcache")]["expect"]["spike"] == {"max_ratio": 2.2}

@@ -57,7 +57,10 @@ def tagged(**members: Any) -> Any:
     is wrong with the mapping, not that it is not a string.
     """
     def choose(value: Any) -> str:
-        return "mapping" if isinstance(value, dict) else "list" if isinstance(value, list) else "scalar"
+        # A model is a mapping too: what was validated from one is serialized as one.
+        if isinstance(value, (dict, BaseModel)):
+            return "mapping"
+        return "list" if isinstance(value, list) else "scalar"
 
     choices = [Annotated[t, Tag(tag)] for tag, t in members.items()]
     # A union built at run time: only Union[...] takes its members as a tuple.
