@@ -12,35 +12,29 @@ other.
 
 The server never outlives the run: it gets its own session (so a Ctrl-C in kvmem's terminal
 reaches kvmem, which decides), dies with the variant's process on Linux (`PR_SET_PDEATHSIG`),
-and `close` ends its whole process group, gently and then by force. A server that will not
-start, dies or stops answering fails the variant with the tail of its output.
+and `close` ends its whole process group, gently and then by force (`harness.run.agented`, which
+`kvmem record` shares). A server that will not start, dies or stops answering fails the variant
+with the tail of its output.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import shutil
-import signal
 import site
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from multiprocessing.connection import Connection, Listener
 from pathlib import Path
-from typing import Any
 
 import psutil
 from packaging.requirements import Requirement
 
-from ..agent import kvmem_agent
-from ..common.child import die_with_parent, how
 from ..common.units import format_bytes
 from ..judge.summary import ModelFacts
 from ..models.loading import ModelError
@@ -48,20 +42,14 @@ from ..models.serving import ServedModel, prepare
 from ..scenario import ScenarioSpec
 from ..scenario.server import Idle, ServerSpec
 from . import traffic
-from .engines import RUNTIME_SLACK, RunFailure
+from .agented import AGENT_DIR, HOST, Agented, AgentSettings, ServerError
+from .engines import RUNTIME_SLACK
 from .probe import Probe, Sample
 from .server_env import environment
 
-AGENT_DIR = Path(kvmem_agent.__file__).parent
-HOST = "127.0.0.1"
-LOG_TAIL_LINES = 20
-STOP_GRACE = 10.0  # seconds a server has to exit on SIGTERM before it is killed
+__all__ = ["AGENT_DIR", "HOST", "ServerEngine", "ServerError", "free_port"]
+
 REPLY_SLACK = 30.0  # seconds the agent may take beyond its settle time to answer
-
-
-class ServerError(RunFailure):
-    """The server did not start, died, or stopped answering; the message says how, with the
-    tail of its output."""
 
 
 def interpreter(server: ServerSpec) -> str | None:
@@ -109,9 +97,7 @@ class ServerEngine:
         self.model, self.geometry, self.weights = model.folder, model.geometry, model.weights
         self.packages = model.packages
         self._workdir = Path(tempfile.mkdtemp(prefix="kvmem-server-"))
-        self._log = self._workdir / "server.log"
-        self._process: subprocess.Popen | None = None
-        self._connection: Connection | None = None
+        self._agented: Agented | None = None
         self._lock = threading.Lock()
         self._origin: float | None = None  # the baseline's time, on the agent's clock
         self._served = 0
@@ -157,110 +143,19 @@ class ServerEngine:
         return {"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"),
                 "PYTHONUSERBASE": os.environ.get("PYTHONUSERBASE") or site.getuserbase()}
 
-    def _environment(self, address: tuple[str, int], key: bytes) -> dict[str, str]:
-        env = {**os.environ, **self._home(), **self.server.env}
-        paths = [str(AGENT_DIR)]
-        if self.server.plugins:  # resolved as components are: from the current directory
-            paths.append(os.getcwd())
-        if env.get("PYTHONPATH"):
-            paths.append(env["PYTHONPATH"])
-        env.update({
-            "PYTHONPATH": os.pathsep.join(paths),
-            "KVMEM_AGENT": f"{address[0]}:{address[1]}",
-            "KVMEM_AGENT_KEY": key.hex(),
-            "KVMEM_AGENT_PERIOD": repr(self.server.period),
-            "KVMEM_AGENT_LOGICAL": self.server.logical or "",
-            "KVMEM_AGENT_CAP": self.server.cap or "",
-            "KVMEM_AGENT_PLUGINS": ",".join(self.server.plugins),
-        })
-        return env
-
-    def _launch(self, port: int, address: tuple[str, int], key: bytes) -> None:
-        command = self.command(port)
-        with open(self._log, "wb") as log:
-            try:
-                self._process = subprocess.Popen(
-                    command, env=self._environment(address, key), stdin=subprocess.DEVNULL,
-                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                    preexec_fn=functools.partial(die_with_parent, os.getpid()))
-            except OSError as exc:
-                raise ServerError(f"cannot start the server {command[0]!r}: "
-                                  f"{exc.strerror or exc}") from None
-
-    def tail(self) -> str:
-        """The last lines the server wrote (stdout and stderr together)."""
-        try:
-            lines = self._log.read_text("utf-8", "replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(lines[-LOG_TAIL_LINES:])
-
-    def _failure(self, what: str) -> ServerError:
-        tail = self.tail()
-        return ServerError(f"{what}" + (f"; the server's last output:\n{tail}" if tail else
-                                        "; the server wrote nothing"))
-
-    def _check_alive(self, when: str, wait: float = 0.0) -> None:
-        """Fail if the server has exited, waiting up to `wait` seconds for it to (a request
-        cut short may be the first sign of a server on its way out)."""
-        assert self._process is not None
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self._process.wait(wait)
-        code = self._process.poll()
-        if code is not None:
-            raise self._failure(f"the server {how(code)} {when}")
-
-    def _accept(self, listener: Listener, deadline: float) -> Connection:
-        """The agent's connection and its hello, while watching the server and the clock."""
-        accepted: dict[str, Any] = {}
-
-        def accept() -> None:
-            with contextlib.suppress(OSError, EOFError):
-                accepted["connection"] = listener.accept()
-
-        waiter = threading.Thread(target=accept, name="kvmem-accept", daemon=True)
-        waiter.start()
-        while waiter.is_alive():
-            waiter.join(0.1)
-            self._check_alive("before its agent connected")
-            if time.monotonic() > deadline:
-                raise self._failure(
-                    f"the server's agent did not connect within {self.server.ready_timeout:g} s "
-                    "(serve mode samples inside a Python server: is the command one, and does "
-                    "it keep the environment kvmem gives it?)")
-        if "connection" not in accepted:
-            raise self._failure("the server's agent could not connect")
-        connection: Connection = accepted["connection"]
-        hello = self._receive(connection, deadline, "before its agent said hello")
-        if hello.get("hello") != kvmem_agent.PROTOCOL:
-            raise ServerError(f"the agent in the server speaks protocol {hello.get('hello')!r}, "
-                              f"not {kvmem_agent.PROTOCOL}")
-        if hello.get("errors"):
-            raise self._failure("the agent in the server could not set up: "
-                                + "; ".join(hello["errors"]))
-        return connection
-
-    def _receive(self, connection: Connection, deadline: float, when: str) -> dict:
-        while not connection.poll(0.1):
-            self._check_alive(when)
-            if time.monotonic() > deadline:
-                raise self._failure(f"the server's agent did not answer {when}")
-        try:
-            return connection.recv()
-        except (EOFError, OSError):
-            self._check_alive(when)
-            raise self._failure(f"the server's agent hung up {when}") from None
+    def _environment(self) -> dict[str, str]:
+        return {**os.environ, **self._home(), **self.server.env}
 
     def _wait_ready(self, port: int, deadline: float) -> None:
         """The port accepts connections, then a first one-token request completes."""
         while True:
-            self._check_alive("before it listened")
+            self._running.check_alive("before it listened")
             try:
                 socket.create_connection((HOST, port), timeout=1.0).close()
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    raise self._failure(f"the server did not listen on port {port} within "
+                    raise self._running.failure(f"the server did not listen on port {port} within "
                                         f"{self.server.ready_timeout:g} s") from None
                 time.sleep(0.1)
         warm = traffic.Call(-1, "Hello", self.http.endpoint, 1, False, None)
@@ -268,23 +163,16 @@ class ServerEngine:
             traffic.send(HOST, port, warm, max(deadline - time.monotonic(), 1.0),
                          self._model_name)
         except traffic.TrafficError as exc:
-            self._check_alive("on its first request", wait=1.0)
-            raise self._failure(f"the server's first request failed: {exc}") from None
+            self._running.check_alive("on its first request", wait=1.0)
+            raise self._running.failure(f"the server's first request failed: {exc}") from None
 
     # -- sampling -----------------------------------------------------------------------------
 
     def _command(self, command: dict, when: str) -> None:
         """One command to the agent; its rows become probe rows. A counter the server's code
         replaced (which the agent reads past) fails the run, its rows kept."""
-        assert self._connection is not None
         with self._lock:
-            try:
-                self._connection.send(command)
-            except OSError:
-                self._check_alive(when)
-                raise self._failure(f"the server's agent hung up {when}") from None
-            deadline = time.monotonic() + self.server.settle + REPLY_SLACK
-            answer = self._receive(self._connection, deadline, when)
+            answer = self._running.ask(command, when, self.server.settle + REPLY_SLACK)
             self._record(answer["rows"])
             if answer.get("replaced"):
                 raise ServerError(answer["replaced"])
@@ -303,9 +191,8 @@ class ServerEngine:
     def _at_rest(self, when: str) -> None:
         self._command({"op": "idle", "cycles": self.spec.sampling.find_cycles,
                        "settle": self.server.settle}, when)
-        assert self._process is not None
         with contextlib.suppress(psutil.Error):  # RSS read from outside, beside the agent's
-            outside = psutil.Process(self._process.pid).memory_info().rss
+            outside = psutil.Process(self._running.pid).memory_info().rss
             inside = int(self.probe.rows()[-1]["rss"])
             self._rss_gap = max(self._rss_gap, abs(outside - inside))
 
@@ -318,12 +205,12 @@ class ServerEngine:
             reply = traffic.send(HOST, port, call, self.server.request_timeout,
                                  self._model_name)
         except traffic.NoReply as exc:
-            self._check_alive(f"during request {call.index}", wait=1.0)
+            self._running.check_alive(f"during request {call.index}", wait=1.0)
             answers = traffic.still_answers(HOST, port)
-            raise self._failure(self._wedged(call.index, answers) if answers else str(exc)) from None
+            raise self._running.failure(self._wedged(call.index, answers) if answers else str(exc)) from None
         except traffic.TrafficError as exc:
-            self._check_alive(f"during request {call.index}", wait=1.0)
-            raise self._failure(str(exc)) from None
+            self._running.check_alive(f"during request {call.index}", wait=1.0)
+            raise self._running.failure(str(exc)) from None
         self._command({"op": "mark", **where,
                        "tokens": reply.prompt_tokens + reply.completion_tokens},
                       f"at the end of request {call.index}")
@@ -343,9 +230,8 @@ class ServerEngine:
         if len(rows):
             held.append(f"at {float(rows[-1]['time']):.1f} s, "
                         f"{format_bytes(int(rows[-1]['active']))} of MLX memory active")
-        with contextlib.suppress(psutil.Error, AssertionError):
-            assert self._process is not None
-            held.append(f"{format_bytes(psutil.Process(self._process.pid).memory_info().rss)} "
+        with contextlib.suppress(psutil.Error):
+            held.append(f"{format_bytes(psutil.Process(self._running.pid).memory_info().rss)} "
                         "resident")
         return (f"the server stopped completing requests at request {request}; its port still "
                 f"answers ({answers}): no reply within {self.server.request_timeout:g} s"
@@ -365,18 +251,23 @@ class ServerEngine:
         until = time.monotonic() + seconds
         while (left := until - time.monotonic()) > 0:
             time.sleep(min(left, 0.1))
-            self._check_alive("while idle")
+            self._running.check_alive("while idle")
+
+    @property
+    def _running(self) -> Agented:
+        assert self._agented is not None, "the server is started by serve()"
+        return self._agented
 
     def serve(self) -> None:
-        key = os.urandom(32)
         began = time.monotonic()
         deadline = began + self.server.ready_timeout
-        with Listener((HOST, 0), authkey=key) as listener:
-            port = free_port()
-            self._model_name = (None if self.http.model is None
-                                else self.http.model.format(**self._values(port)))
-            self._launch(port, listener.address, key)
-            self._connection = self._accept(listener, deadline)
+        port = free_port()
+        self._model_name = (None if self.http.model is None
+                            else self.http.model.format(**self._values(port)))
+        self._agented = Agented(self.command(port), self._environment(), AgentSettings(
+            self.server.period, self.server.logical, self.server.cap, tuple(self.server.plugins)),
+            self._workdir / "server.log")
+        self._agented.start(deadline, self.server.ready_timeout)
         self._wait_ready(port, deadline)
         self._ready_s = time.monotonic() - began
         self._at_rest("at the baseline")
@@ -407,25 +298,6 @@ class ServerEngine:
 
     def close(self) -> None:
         """Stop the agent and the server's whole process group; remove the run's files."""
-        if self._connection is not None:
-            with contextlib.suppress(OSError, EOFError):
-                self._connection.send({"op": "stop"})
-            self._connection.close()
-        if self._process is not None:
-            _stop(self._process)
+        if self._agented is not None:
+            self._agented.stop()
         shutil.rmtree(self._workdir, ignore_errors=True)
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """SIGTERM to the server's process group, SIGKILL after STOP_GRACE, and reap it."""
-    for sig, wait in ((signal.SIGTERM, STOP_GRACE), (signal.SIGKILL, None)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, sig)
-        try:
-            process.wait(wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    # The group may outlive its leader: whatever is left of it goes too.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
