@@ -12,7 +12,7 @@ from pydantic import Field
 from ..agent.kvmem_agent import IN_FLIGHT
 from ..common.units import Size, mib
 from .frames import point_name, quiescent, unexplained, where
-from .records import MAX_STEPS_LISTED, Finding, Severity, from_hits
+from .records import Finding, Severity, from_hits, listed
 from .thresholds import MAX_WARMUP, Thresholds, TrendThresholds
 from .trend import Trend, held, in_step, rising
 
@@ -42,7 +42,7 @@ def _trending(kind: str, points: pd.DataFrame, trend: Trend, rate: float, head: 
         kind=kind, step=int(points["step"].iloc[-1]), bytes=round(rate), count=trend.deltas,
         message=f"{head} {rate:,.0f} B per {unit}{_since(trend, points, unit)} over "
                 f"{trend.deltas} {unit}s{middle} (fit r²={trend.r2:.3f}){tail}",
-        steps=points["step"].iloc[trend.start:].head(MAX_STEPS_LISTED).tolist(),
+        steps=listed(points["step"].iloc[trend.start:]),
         severity=severity)
 
 
@@ -120,7 +120,7 @@ def _over_budget(points: pd.DataFrame, budget: int, unit: str) -> Finding:
         message=f"components report {mib(reported)} MiB at rest, over the budget of "
                 f"{mib(budget)} MiB {since}, not rising: over it at {len(over)} of "
                 f"{len(points)} points at rest",
-        steps=over["step"].head(MAX_STEPS_LISTED).tolist())
+        steps=listed(over["step"]))
 
 
 class PlateauThresholds(Thresholds):
@@ -150,7 +150,7 @@ def plateau(frame: pd.DataFrame, t: PlateauThresholds, backend: str) -> Finding 
         message=f"memory at rest rose to {mib(total[-1])} MiB by step "
                 f"{points['step'].iloc[first]} and held there over the last {tail} {unit}s: "
                 "filled, not leaking",
-        steps=points["step"].iloc[first:].head(MAX_STEPS_LISTED).tolist())
+        steps=listed(points["step"].iloc[first:]))
 
 
 class RetainedThresholds(TrendThresholds):
@@ -196,7 +196,7 @@ def retained(frame: pd.DataFrame, t: RetainedThresholds, backend: str) -> Findin
         message=f"allocator holds {mib(at_rest[last])} MiB beyond the "
                 f"{mib(points['logical'][last])} MiB the components report at rest, rising "
                 f"{trend.rate:,.0f} B per {unit} in step with them (fit r²={trend.r2:.3f})",
-        steps=points["step"].head(MAX_STEPS_LISTED).tolist())
+        steps=listed(points["step"]))
 
 
 class HostThresholds(TrendThresholds):
@@ -366,4 +366,4 @@ def overclaimed(frame: pd.DataFrame, t: OverclaimThresholds, backend: str) -> Fi
                 f"({mib(claimed[at])} MiB more than at the baseline); "
                 f"{mib(max(held_above[at], 0))} MiB are held above the baseline, at "
                 f"{where(frame, at)}; over at {int(over.sum())} of {len(points)} points at rest",
-        steps=points["step"][over].head(MAX_STEPS_LISTED).tolist())
+        steps=listed(points["step"][over]))

@@ -25,7 +25,8 @@ MAX_STEPS_LISTED = 20
 @dataclass(frozen=True, kw_only=True, config=ConfigDict(defer_build=True))
 class Finding:
     """What a detector found: the step it reports at, the bytes there (or a rate, per request),
-    how many steps or requests it covers, its message and the first steps it marks on the plot.
+    how many steps or requests it covers, its message and the steps it marks on the plot (at
+    most MAX_STEPS_LISTED, spread over the run: `listed`).
     `severity` says whether it can fail the run (`Severity`; a detector says "warning" where
     a default expectation must let it pass, and the run grades the rest against the scenario's
     expectations). A summary written by hand may leave out all but `kind` and `message`."""
@@ -57,7 +58,7 @@ class Expectation:
 def from_hits(kind: str, hits: pd.DataFrame, excess: pd.Series,
               message: Callable[[Hashable], str]) -> Finding | None:
     """The finding of a detector of steps or points, reported at the hit with the largest
-    excess, with how many it hit and the first MAX_STEPS_LISTED of them.
+    excess, with how many it hit and MAX_STEPS_LISTED of them spread over the run (`listed`).
 
     `message` is given that step's row label, to describe it. No hits, no finding.
     """
@@ -66,4 +67,20 @@ def from_hits(kind: str, hits: pd.DataFrame, excess: pd.Series,
     worst = excess[hits.index].idxmax()
     return Finding(kind=kind, step=int(hits["step"][worst]), bytes=int(excess[worst]),
                    count=len(hits), message=message(worst),
-                   steps=hits["step"].head(MAX_STEPS_LISTED).tolist())
+                   steps=listed(hits["step"]))
+
+
+def listed(steps: pd.Series) -> list[int]:
+    """The steps a finding lists: all of them up to MAX_STEPS_LISTED, else MAX_STEPS_LISTED taken
+    evenly across them, the first and the last included, in order.
+
+    Spread, not the first ones: a server's run hits for an hour, and the plot marks what is
+    listed, so the first 20 hits would mark only its first seconds. Position i of the n hits is
+    kept for i = round(k (n - 1) / (MAX_STEPS_LISTED - 1)), k = 0 .. MAX_STEPS_LISTED - 1, in
+    integers (halves round up): with n > MAX_STEPS_LISTED the positions are distinct.
+    """
+    values = [int(s) for s in steps]
+    n, last = len(values), MAX_STEPS_LISTED - 1
+    if n <= MAX_STEPS_LISTED:
+        return values
+    return [values[(k * (n - 1) * 2 + last) // (2 * last)] for k in range(MAX_STEPS_LISTED)]
