@@ -38,7 +38,7 @@ def test_rows_stay_compact_and_grow_by_doubling():
                   host=0, minimum=0, work=0)
     assert probe.steps == 1000
     assert len(probe.rows()) == 1000 and probe.rows()["step"][-1] == 999
-    assert probe._rows.nbytes <= 2 * 1000 * ROW.itemsize
+    assert probe._rows._block.nbytes <= 2 * 1000 * ROW.itemsize
 
 
 def test_rss_reading_follows_memory_the_process_touches():

@@ -152,11 +152,11 @@ def test_the_plan_is_the_same_for_a_seed_and_rounds_hold_one_call_per_client() -
         {"kind": "prefix", "requests": 2, "prefix": 6, "words": 2, "clients": 1},
         {"kind": "sessions", "sessions": 3, "turns": 2, "words": 4},
     ])
-    steps = traffic.plan(spec, seed=3)
+    steps = list(traffic.plan(spec, seed=3))
     shape = [s if isinstance(s, float) else [(c.index, c.turn) for c in s] for s in steps]
     assert shape == [[(0, -1), (1, -1)], [(2, -1)], 0.5, [(3, -1)], [(4, -1)],
                      [(5, 0), (6, 0)], [(7, 1), (8, 1)], [(9, 0)], [(10, 1)]]
-    again = traffic.plan(spec, seed=3)
+    again = list(traffic.plan(spec, seed=3))
     texts = [c.text for s in steps if not isinstance(s, float) for c in s]
     assert texts == [c.text for s in again if not isinstance(s, float) for c in s]
     assert texts != [c.text for s in traffic.plan(spec, seed=4) if not isinstance(s, float)

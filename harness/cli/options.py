@@ -8,6 +8,7 @@ them (an unbounded --shard N once took gigabytes before a variant ran).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -18,6 +19,7 @@ from rich.console import Console
 from ..common.echo import MAX_ECHO, clip, echo
 from ..common.errors import BadInput, cannot_write, no_summaries
 from ..common.files import atomic_text
+from ..common.units import parse_duration
 from ..components.registry import import_paths
 from ..gate.formats import RENDERERS
 from ..gate.record import parse_date
@@ -61,6 +63,38 @@ def variants(paths: Sequence[str | Path], only: list[str] | None = None,
         term.warn(console, bound_warnings((", ".join(_user_components(v)), v.packages)
                                           for v in found if v.packages))
     return found
+
+
+def soaked(variants: list[Variant], duration: float | None, fail_fast: bool) -> list[Variant]:
+    """The variants with `run --duration` and `--fail-fast` set on each server variant's
+    traffic (`workload.http.duration`, `fail_fast`); bad input where none serves HTTP."""
+    if duration is None and not fail_fast:
+        return variants
+    served = [v for v in variants if v.spec.workload.http is not None]
+    if not served:
+        flag = "--duration" if duration is not None else "--fail-fast"
+        raise BadInput(f"{flag}: applies to server variants (engine: server), and none of the "
+                       f"{len(variants)} selected is one")
+    changed = []
+    for variant in variants:
+        http = variant.spec.workload.http
+        if http is not None:
+            update: dict = {"fail_fast": http.fail_fast or fail_fast}
+            if duration is not None:
+                update["duration"] = duration
+            workload = variant.spec.workload.model_copy(
+                update={"http": http.model_copy(update=update)})
+            variant = dataclasses.replace(
+                variant, spec=variant.spec.model_copy(update={"workload": workload}))
+        changed.append(variant)
+    return changed
+
+
+def duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}, got {echo(text)}") from None
 
 
 def _user_components(variant: Variant) -> list[str]:

@@ -16,7 +16,8 @@ from . import options
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    variants = options.variants(args.paths, args.variant, console)
+    variants = options.soaked(options.variants(args.paths, args.variant, console),
+                              args.duration, args.fail_fast)
     from ..run.schedule import shard
     from ..run.suite import run_variants
 
@@ -83,6 +84,14 @@ def add(sub: argparse._SubParsersAction) -> None:
     running.add_argument("--timeout", type=options.seconds, metavar="SECONDS",
                          help="kill a variant that runs longer (default: the scenario's "
                               f"timeout, else {DEFAULT_TIMEOUT:g} s)")
+    running.add_argument("--duration", type=options.duration, metavar="TIME",
+                         help="a soak: each server variant's traffic starts over until TIME "
+                              "has passed (90s, 30m, 2h; workload.http.duration); the timeout "
+                              "grows to fit")
+    running.add_argument("--fail-fast", action="store_true",
+                         help="end a server variant's traffic at its first sample at rest over "
+                              "its budget (detect.unbounded.budget, else the cache's own cap), "
+                              "its report written")
     options.jobs_option(running, auto=True)
     running.add_argument("--shard", type=options.shard, metavar="I/N",
                          help="run only the I-th of N deterministic parts of the suite's "

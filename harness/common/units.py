@@ -41,6 +41,30 @@ def parse_size(value: Any) -> int:
 
 Size = Annotated[int, BeforeValidator(parse_size)]
 
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(s|m|h|)\s*$", re.ASCII)
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
+MAX_DURATION = 7 * 86_400.0  # a week
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a number or a string such as `90s`, `30m` or `2h` (more than zero, a
+    week at most)."""
+    expected = "expected a duration such as 90, '90s', '30m' or '2h'"
+    if isinstance(value, bool):
+        raise ValueError(expected)
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str) and len(value) <= 32 and (match := _DURATION.match(value)):
+        seconds = float(match.group(1)) * _SECONDS[match.group(2)]
+    else:
+        raise ValueError(expected)
+    if not 0 < seconds <= MAX_DURATION:
+        raise ValueError(f"{expected}, more than zero and at most a week")
+    return seconds
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
 
 BINARY_UNITS = (("B", 1), ("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30))
 

@@ -191,6 +191,18 @@ class Environment(_Given):
     packages: dict[str, StrictStr] = Field(default_factory=dict)
 
 
+class Latency(_Given):
+    """A server's per-request latency in seconds (requests.csv has each request's): the total
+    of every request that got its whole reply, the time to first token of the streamed ones."""
+
+    total_p50_s: Figure = None
+    total_p95_s: Figure = None
+    total_max_s: Figure = None
+    ttft_p50_s: Figure = None
+    ttft_p95_s: Figure = None
+    ttft_max_s: Figure = None
+
+
 class ModelFacts(_Given):
     """The real model a run served, as its engine reports it: every engine says what it is,
     the mlx_lm engine its quantization, the server engine its folder and its traffic."""
@@ -208,6 +220,11 @@ class ModelFacts(_Given):
     # A server in an environment of its own: the versions there of MLX, mlx-lm and the packages
     # its scenario requires (what produced the figures, rather than kvmem's own).
     packages: dict[str, StrictStr] | None = None
+    latency: Latency | None = None
+    # Open loop: arrivals that waited for a free client (the server's queue spilled into kvmem's).
+    queued: StrictInt | None = None
+    stopped: StrictStr | None = None  # why the traffic ended before its end (fail_fast)
+    agent_s: Figure = None  # seconds kvmem's agent spent sampling inside the server, in all
 
 
 class Recorded(BaseModel):

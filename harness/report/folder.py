@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 LOCK_NAME = ".kvmem.lock"
+REQUESTS = "requests.csv"
 
 
 class ReportError(BadInput):
@@ -70,8 +71,10 @@ def reserve(out: Path) -> Iterator[None]:
         os.close(lock)
 
 
-def write_variant(out: Path, frame: pd.DataFrame, summary: Summary) -> None:
-    """samples.csv, summary.json and (for a run with samples) memory.png into `out`, as a unit.
+def write_variant(out: Path, frame: pd.DataFrame, summary: Summary,
+                  requests: pd.DataFrame | None = None) -> None:
+    """samples.csv, summary.json, (for a run with samples) memory.png and (for a server's)
+    requests.csv, each request's times, into `out`, as a unit.
 
     The files go into a fresh folder beside `out`, which then takes the place of the old one:
     a write that fails (full disk, a name too long) leaves the previous report whole.
@@ -80,10 +83,13 @@ def write_variant(out: Path, frame: pd.DataFrame, summary: Summary) -> None:
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.new."))
     try:
         frame.to_csv(staging / "samples.csv", index=False)
+        if requests is not None and not requests.empty:
+            requests.to_csv(staging / REQUESTS, index=False)
         if not frame.empty:
             title = f"{summary.scenario} / {summary.variant} ({summary.backend})"
             budget = (summary.detect or {}).get("unbounded", {}).get("budget")
-            plot_variant(frame, summary.findings, title, staging / "memory.png", budget=budget)
+            plot_variant(frame, summary.findings, title, staging / "memory.png", budget=budget,
+                         requests=requests)
         (staging / "summary.json").write_text(summary.to_json())
         os.chmod(staging, 0o777 & ~UMASK)
         swap_into_place(staging, out)

@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from ..scenario import ScenarioSpec
     from .probe import Probe
 
+# Told the steps served (a server: requests) and, now and then, a short note for the bar (a
+# server's elapsed time, memory and what is over its budget so far).
+Progress = Callable[..., None]
+
 # What a variant's process holds beside what it serves: the interpreter, MLX, the sample rows.
 RUNTIME_SLACK = 256 * 2**20
 
@@ -39,7 +43,7 @@ class Engine(Protocol):
     """
 
     def __init__(self, spec: ScenarioSpec, probe: Probe,
-                 progress: Callable[[int], None] | None = None) -> None: ...
+                 progress: Progress | None = None) -> None: ...
 
     @classmethod
     def estimate_bytes(cls, spec: ScenarioSpec) -> int: ...
@@ -61,6 +65,6 @@ def engine_class(name: str) -> type[Engine]:
 
 
 def create(spec: ScenarioSpec, probe: Probe,
-           progress: Callable[[int], None] | None = None) -> Engine:
+           progress: Progress | None = None) -> Engine:
     """The engine the scenario names (`engine:`), ready to serve in this process."""
     return engine_class(spec.engine)(spec, probe, progress)

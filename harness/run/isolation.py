@@ -8,8 +8,10 @@ the child, so one that exits or crashes at import cannot end the parent, and onl
 and MLX are imported there from their installation (`harness.common.child`); the child imports
 the probe, which binds MLX's counters, before its first component (`harness.run.probe`).
 
-The child sends its rows back through a pipe, not a file, so nothing is left on disk when either
-side is killed; on Linux the child also dies with its parent (`harness.common.child`).
+The child writes its rows as they come to spool files in a folder the parent made for the run
+(`harness.run.rows`), so a run of any length holds little memory and a child that is killed
+still leaves what it sampled; the parent reads them when the child ends and removes the folder.
+On Linux the child also dies with its parent (`harness.common.child`).
 
 The child works in two phases so that the parent can schedule by memory without importing user
 code: it computes its footprint estimate (which may import components), sends it, and waits for
@@ -20,12 +22,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,7 +41,10 @@ from ..judge.summary import ModelFacts
 from ..scenario import ScenarioSpec, Variant
 from .defaults import DEFAULT_TIMEOUT
 from .engines import RunFailure, create, engine_class
-from .probe import ROW, CounterReplaced, Probe
+from .probe import REQUEST, REQUESTS_SPOOL, ROW, SAMPLES_SPOOL, CounterReplaced, Probe
+from .rows import read
+
+NOTE_BYTES = 200  # the longest progress note a child shows beside its bar
 
 
 @dataclass
@@ -51,6 +59,8 @@ class RunOutcome:
     estimate: int
     store_stats: dict | None = None  # the store's `stats` at the end of the run, if it has any
     model: ModelFacts | None = None  # the real model served (Engine.facts), None on synthetic K/V
+    # The requests a server was sent (REQUEST rows); empty for the other engines.
+    requests: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=REQUEST))
 
 
 def estimate_bytes(spec: ScenarioSpec) -> int:
@@ -76,9 +86,15 @@ def fits_alone(estimate: int) -> str | None:
     return refusal(estimate, available) if estimate > available else None
 
 
-def _child(variant: Variant, last_step: Any, pipe: Connection) -> None:
-    """Runs in the child: estimate, wait for the parent's verdict, serve, send rows and outcome."""
-    probe = Probe()
+def _child(variant: Variant, last_step: Any, note: Any, spool: Path, pipe: Connection) -> None:
+    """Runs in the child: estimate, wait for the parent's verdict, serve (rows to `spool`),
+    send the outcome."""
+    probe = Probe(spool=spool)
+
+    def progress(steps: int, said: str | None = None) -> None:
+        last_step.value = steps
+        if said is not None:
+            note.value = said.encode("utf-8", "replace")[:NOTE_BYTES - 1]
     message: dict = {"error": None, "completed": False, "estimate": 0, "refused": None}
     engine = None
     try:
@@ -86,7 +102,7 @@ def _child(variant: Variant, last_step: Any, pipe: Connection) -> None:
         pipe.send({"estimate": estimate})
         message["refused"] = pipe.recv()  # None: serve
         if message["refused"] is None:
-            engine = create(variant.spec, probe, lambda steps: setattr(last_step, "value", steps))
+            engine = create(variant.spec, probe, progress)
             engine.serve()
             probe.verify()
             message["store_stats"] = engine.store_stats()
@@ -103,14 +119,15 @@ def _child(variant: Variant, last_step: Any, pipe: Connection) -> None:
             except BaseException as exc:
                 message["error"] = message["error"] or f"{type(exc).__name__} on close: {exc}"
                 message["completed"] = False
-    message["rows"] = probe.rows()
+    probe.close()
+    message["spooled"] = True
     pipe.send(message)
     pipe.close()
     if message["error"] is not None:
         os._exit(1)
 
 
-def execute(variant: Variant, on_step: Callable[[int], None] | None = None,
+def execute(variant: Variant, on_step: Callable[[int, str], None] | None = None,
             timeout: float | None = None, admit: Callable[[int], str | None] = fits_alone,
             stop: threading.Event | None = None) -> RunOutcome:
     """Run one variant in a child process; never raises for what happens inside the child.
@@ -124,29 +141,47 @@ def execute(variant: Variant, on_step: Callable[[int], None] | None = None,
     """
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     last_step = CONTEXT.Value("q", 0, lock=False)
+    note = CONTEXT.Array("c", NOTE_BYTES, lock=False)
+    spool = Path(tempfile.mkdtemp(prefix="kvmem-rows-"))
+    try:
+        with Child(_child, variant, last_step, note, spool, grace=30,
+                   name=f"kvmem {variant.label}") as child:
+            message, ended, wall = _watch(child, timeout, admit, stop,
+                                          lambda: on_step and on_step(last_step.value,
+                                                                      note.value.decode()))
+        rows, requests = read(spool / SAMPLES_SPOOL, ROW), read(spool / REQUESTS_SPOOL, REQUEST)
+    finally:
+        shutil.rmtree(spool, ignore_errors=True)
+    return _outcome(variant, message or {}, ended, child.process.exitcode, last_step.value,
+                    wall, rows, requests)
+
+
+def _watch(child: Child, timeout: float, admit: Callable[[int], str | None],
+           stop: threading.Event | None,
+           shown: Callable[[], object]) -> tuple[dict | None, str | None, float]:
+    """Wait for the child's outcome, answering its estimate, showing its progress (`shown`),
+    killing it on timeout or `stop`: its last message, why it was killed (None if it was not)
+    and the seconds it served."""
     start = time.perf_counter()
     message: dict | None = None
-    ended = None  # why the parent killed the child, if it did
-    with Child(_child, variant, last_step, grace=30, name=f"kvmem {variant.label}") as child:
-        while message is None:
-            try:
-                message = child.receive(0.1)
-            except EOFError:
-                break  # the child died while sending, or before
-            if message is not None and "rows" not in message:  # the estimate: awaits a verdict
-                start += _judge(message["estimate"], admit, child.pipe)
-                message = None
-            if on_step is not None:
-                on_step(last_step.value)
-            if time.perf_counter() - start > timeout:
-                ended = f"timed out after {timeout:g} s"
-            elif stop is not None and stop.is_set():
-                ended = "interrupted"
-            if ended:
-                child.process.kill()
-                break
-    return _outcome(variant, message or {}, ended, child.process.exitcode, last_step.value,
-                    time.perf_counter() - start)
+    ended = None
+    while message is None:
+        try:
+            message = child.receive(0.1)
+        except EOFError:
+            break  # the child died while sending, or before
+        if message is not None and "spooled" not in message:  # the estimate: awaits a verdict
+            start += _judge(message["estimate"], admit, child.pipe)
+            message = None
+        shown()
+        if time.perf_counter() - start > timeout:
+            ended = f"timed out after {timeout:g} s"
+        elif stop is not None and stop.is_set():
+            ended = "interrupted"
+        if ended:
+            child.process.kill()
+            break
+    return message, ended, time.perf_counter() - start
 
 
 def _judge(estimate: int, admit: Callable[[int], str | None], pipe: Connection) -> float:
@@ -159,9 +194,9 @@ def _judge(estimate: int, admit: Callable[[int], str | None], pipe: Connection) 
 
 
 def _outcome(variant: Variant, message: dict, ended: str | None, code: int | None, steps: int,
-             wall: float) -> RunOutcome:
-    """What the child's last message, or its silence, says about the run."""
-    rows = message.get("rows", np.zeros(0, dtype=ROW))
+             wall: float, rows: np.ndarray, requests: np.ndarray) -> RunOutcome:
+    """What the child's last message, or its silence, says about the run, with what it
+    sampled (a killed child's rows too, up to its last spill)."""
     estimate = message.get("estimate", 0)
     if message.get("refused"):
         return RunOutcome(variant, "refused", rows, message["refused"], None, 0, wall, estimate)
@@ -174,5 +209,6 @@ def _outcome(variant: Variant, message: dict, ended: str | None, code: int | Non
                  "workload")
     else:
         return RunOutcome(variant, "ok", rows, None, code, steps, wall, estimate,
-                          message.get("store_stats"), message.get("model"))
-    return RunOutcome(variant, "failed", rows, error, code, steps, wall, estimate)
+                          message.get("store_stats"), message.get("model"), requests)
+    return RunOutcome(variant, "failed", rows, error, code, steps, wall, estimate,
+                      requests=requests)

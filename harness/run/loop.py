@@ -14,7 +14,6 @@ creates one in a child process per variant, the scenario tests and the benchmark
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
@@ -26,7 +25,7 @@ from ..components.registry import construct, resolve
 from ..judge.summary import ModelFacts
 from ..models.geometry import Geometry
 from ..scenario import ChatSpec, ComponentSpec, ScenarioSpec, WorkloadSpec
-from .engines import RUNTIME_SLACK
+from .engines import RUNTIME_SLACK, Progress
 from .probe import Probe, cycle_garbage, release_freed_heap
 from .synthetic import SyntheticKV
 
@@ -69,7 +68,7 @@ class Loop:
     """Serves one scenario variant in this process, recording one probe row per step."""
 
     def __init__(self, spec: ScenarioSpec, probe: Probe,
-                 progress: Callable[[int], None] | None = None):
+                 progress: Progress | None = None):
         self.spec = spec
         self.probe = probe
         self.progress = progress

@@ -47,7 +47,7 @@ batch buffer alive, and `retained` shows the difference until the request drops 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import mlx.core as mx
@@ -61,6 +61,7 @@ from ..judge.summary import ModelFacts
 from ..models import loading as models
 from ..models.geometry import KIND_RECURRENT, KIND_SLIDING, Geometry
 from ..scenario import ScenarioSpec
+from .engines import Progress
 from .loop import Loop
 from .probe import Probe
 
@@ -69,7 +70,7 @@ class ModelEngine(Loop):
     """Serves one variant with a real mlx-lm model, through `generate_step`."""
 
     def __init__(self, spec: ScenarioSpec, probe: Probe,
-                 progress: Callable[[int], None] | None = None):
+                 progress: Progress | None = None):
         self.model: Any = None
         self.weights_bytes = 0
         self._extracted: list[Any] | None = None  # the first sequence's caches, out of a batch

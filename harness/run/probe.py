@@ -2,8 +2,9 @@
 
 The MLX counters cost well under a microsecond each; what a step pays is the synchronize that
 makes them exact (tens of microseconds, a round trip to MLX's worker thread) and the RSS read.
-Rows go into a numpy structured array that doubles as needed (under 100 bytes a row), so a
-million-step run stays under 100 MB and becomes a DataFrame only at the end.
+Rows go into a numpy structured array (`harness.run.rows`: under 100 bytes a row, in memory or
+spilled to a spool file as they come, so a soak's memory stays flat) and become a DataFrame only
+at the end.
 
 `cyclic` is nonzero only at idle points: the MLX bytes that only Python's cycle collector would
 free there (`cycle_garbage`), memory that unreachable reference cycles hold until it runs.
@@ -19,6 +20,7 @@ step fails the run naming what replaced it (`CounterReplaced`).
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
@@ -34,11 +36,12 @@ from ..agent.kvmem_agent import (
     cycle_garbage,
     release_freed_heap,
 )
+from .rows import BLOCK, Rows
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["PHASES", "ROW", "CounterReplaced", "NullProbe", "Probe", "Sample", "current_rss",
+__all__ = ["PHASES", "REQUEST", "ROW", "CounterReplaced", "NullProbe", "Probe", "Sample", "current_rss",
            "cycle_garbage", "release_freed_heap", "to_frame"]
 
 BOUND = Counters(mx, (*COUNTERS, "synchronize"))
@@ -56,6 +59,16 @@ ROW = np.dtype([
 ])
 
 
+# One request a server was sent (serve mode): when it was sent, when its first streamed token
+# came (NaN unstreamed), when it ended, on the samples' clock; its tokens, and whether the
+# client disconnected on purpose.
+REQUEST = np.dtype([
+    ("request", np.int32), ("sent", np.float64), ("first", np.float64), ("done", np.float64),
+    ("prompt_tokens", np.int32), ("completion_tokens", np.int32), ("disconnected", np.uint8),
+])
+SAMPLES_SPOOL, REQUESTS_SPOOL = "samples.rows", "requests.rows"
+
+
 class CounterReplaced(RuntimeError):
     """The code under test replaced a function kvmem reads MLX's memory with; the message
     names which, and with what."""
@@ -70,9 +83,9 @@ class Probe:
     generation stream, where work is still queued when a decode step yields its token).
     """
 
-    def __init__(self, capacity: int = 4096):
-        self._rows = np.zeros(capacity, dtype=ROW)
-        self._n = 0
+    def __init__(self, capacity: int = BLOCK, spool: Path | None = None):
+        self._rows = Rows(ROW, capacity, spool and spool / SAMPLES_SPOOL)
+        self._requests = Rows(REQUEST, BLOCK, spool and spool / REQUESTS_SPOOL)
         self._before = 0
         self._streams: list[mx.Stream | mx.ThreadLocalStream] = []
         self._start = time.perf_counter()
@@ -110,30 +123,51 @@ class Probe:
     def add(self, sample: Sample, *, host: int = 0, minimum: int = 0, work: int = 0) -> None:
         """Append one sample with the step's own columns (a server's agent takes its samples
         elsewhere; `end` takes its own)."""
-        if self._n == len(self._rows):
-            self._rows = np.resize(self._rows, 2 * len(self._rows))
-        self._rows[self._n] = (self._n, PHASES.index(sample.phase), sample.request, sample.turn,
-                               sample.tokens, sample.active, sample.peak, sample.cache,
-                               sample.rss, sample.logical, host, minimum, work, sample.cyclic,
-                               sample.time, sample.cap)
-        self._n += 1
+        self._rows.append((len(self._rows), PHASES.index(sample.phase), sample.request,
+                           sample.turn, sample.tokens, sample.active, sample.peak, sample.cache,
+                           sample.rss, sample.logical, host, minimum, work, sample.cyclic,
+                           sample.time, sample.cap))
+
+    def request(self, index: int, sent: float, first: float | None, done: float,
+                prompt_tokens: int, completion_tokens: int, disconnected: bool) -> None:
+        """Record one request a server was sent (times on the samples' clock)."""
+        self._requests.append((index, sent, np.nan if first is None else first, done,
+                               prompt_tokens, completion_tokens, disconnected))
 
     @property
     def steps(self) -> int:
-        return self._n
+        return len(self._rows)
+
+    def last(self) -> np.void | None:
+        """The latest row, or None before the first."""
+        return self._rows.last()
 
     def rows(self) -> np.ndarray:
-        return self._rows[: self._n]
+        return self._rows.all()
+
+    def requests(self) -> np.ndarray:
+        return self._requests.all()
+
+    def close(self) -> None:
+        """Write out what the spool files have not yet got."""
+        self._rows.close()
+        self._requests.close()
 
 
 class NullProbe(Probe):
     """The same loop with the measurement left out: the benchmark's reference."""
 
+    _skipped = 0
+
     def begin(self) -> None:
         pass
 
     def end(self, *args, **kwargs) -> None:
-        self._n += 1
+        self._skipped += 1
+
+    @property
+    def steps(self) -> int:
+        return self._skipped
 
 
 def to_frame(rows: np.ndarray) -> pd.DataFrame:

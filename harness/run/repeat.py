@@ -46,7 +46,8 @@ def run_repeated(variants: list[Variant], runs: int, out: Path,
             summary = combine(list(variant_runs))
             frame = samples(summary.path.parent)
             where = out / summary.scenario / summary.variant / "summary.json"
-            summary, _ = write(summary.at(where), frame)
+            summary, _ = write(summary.at(where), frame,
+                               samples(summary.path.parent, report.REQUESTS))
             summaries.append(summary)
     return summaries
 

@@ -28,28 +28,32 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
+import numpy as np
 import psutil
 from packaging.requirements import Requirement
 
 from ..common.units import format_bytes
-from ..judge.summary import ModelFacts
+from ..judge.summary import Latency, ModelFacts
 from ..models.loading import ModelError
 from ..models.serving import ServedModel, prepare
 from ..scenario import ScenarioSpec
 from ..scenario.server import Idle, ServerSpec
 from . import traffic
 from .agented import AGENT_DIR, HOST, Agented, AgentSettings, ServerError
-from .engines import RUNTIME_SLACK
+from .engines import RUNTIME_SLACK, Progress
 from .probe import Probe, Sample
 from .server_env import environment
 
 __all__ = ["AGENT_DIR", "HOST", "ServerEngine", "ServerError", "free_port"]
 
 REPLY_SLACK = 30.0  # seconds the agent may take beyond its settle time to answer
+# Open loop: the most requests in flight at once (each holds a client thread); an arrival
+# beyond it waits for one to end, and the run's summary counts how often that happened.
+OPEN_LOOP_CLIENTS = 256
+NOTE_EVERY = 1.0  # seconds between progress notes
 
 
 def interpreter(server: ServerSpec) -> str | None:
@@ -85,7 +89,7 @@ class ServerEngine:
     """Serves one server variant from the variant's process: start, traffic, samples, stop."""
 
     def __init__(self, spec: ScenarioSpec, probe: Probe,
-                 progress: Callable[[int], None] | None = None):
+                 progress: Progress | None = None):
         assert spec.workload.http is not None  # the schema requires it with engine: server
         self.spec = spec
         self.http = spec.workload.http
@@ -106,6 +110,14 @@ class ServerEngine:
         self._rss_gap = 0
         self._last = (0, 0)  # the logical bytes and entries at the last sample
         self._model_name: str | None = None  # what each request names (workload.http.model)
+        self._lines = traffic.lines(self.http)  # a replayed trace's requests
+        self._began = 0.0  # when the traffic began (time.monotonic())
+        self._ended_early: str | None = None  # why the traffic stopped before its end
+        self._noted = 0.0
+        self._queued = 0  # open-loop arrivals that waited for a free client
+        self._base = 0  # MLX active bytes at the baseline
+        self._agent_s = 0.0  # seconds the agent has spent sampling, in all
+        self._rest: dict[str, float] | None = None  # the last sample at rest: time, active, ...
 
     @classmethod
     def estimate_bytes(cls, spec: ScenarioSpec) -> int:
@@ -114,8 +126,10 @@ class ServerEngine:
         fetch copies an entry), and a runtime for the server as for the variant's own process."""
         http = spec.workload.http
         assert http is not None
-        clients = max(phase.clients or http.clients for phase in http.phases
-                      if not isinstance(phase, Idle))
+        clients = max([phase.clients or http.clients for phase in http.phases or []
+                       if not isinstance(phase, Idle)] or [http.clients])
+        if http.rate is not None or http.trace is not None:
+            clients = max(clients, OPEN_LOOP_CLIENTS // 4)  # a queue in flight, bounded
         model = served(spec)
         kv = model.geometry.minimum_bytes(traffic.longest_context(http))
         return model.weights + 2 * (10 + clients) * kv + 2 * RUNTIME_SLACK
@@ -173,6 +187,7 @@ class ServerEngine:
         replaced (which the agent reads past) fails the run, its rows kept."""
         with self._lock:
             answer = self._running.ask(command, when, self.server.settle + REPLY_SLACK)
+            self._agent_s = float(answer.get("busy", 0.0))
             self._record(answer["rows"])
             if answer.get("replaced"):
                 raise ServerError(answer["replaced"])
@@ -191,16 +206,28 @@ class ServerEngine:
     def _at_rest(self, when: str) -> None:
         self._command({"op": "idle", "cycles": self.spec.sampling.find_cycles,
                        "settle": self.server.settle}, when)
+        last = self.probe.last()
+        assert last is not None, "an idle command answers with its sample"
+        with self._lock:
+            self._rest = {name: float(last[name]) for name in ("time", "active", "logical", "cap")}
+        if self._base == 0:
+            self._base = int(last["active"])
         with contextlib.suppress(psutil.Error):  # RSS read from outside, beside the agent's
             outside = psutil.Process(self._running.pid).memory_info().rss
-            inside = int(self.probe.rows()[-1]["rss"])
-            self._rss_gap = max(self._rss_gap, abs(outside - inside))
+            self._rss_gap = max(self._rss_gap, abs(outside - int(last["rss"])))
 
     # -- traffic ------------------------------------------------------------------------------
 
     def _call(self, port: int, call: traffic.Call) -> None:
+        """One request, bracketed by samples; its times go to the probe's request log."""
+        if call.session is not None and call.turn > 0 and not call.session.wait_for(
+                call.turn, self.server.request_timeout):
+            raise self._running.failure(f"request {call.index}: the turn before it in its "
+                                        f"session did not end within "
+                                        f"{self.server.request_timeout:g} s")
         where = {"request": call.index, "turn": call.turn}
         self._command({"op": "mark", **where}, f"at the start of request {call.index}")
+        sent = time.monotonic()
         try:
             reply = traffic.send(HOST, port, call, self.server.request_timeout,
                                  self._model_name)
@@ -211,25 +238,52 @@ class ServerEngine:
         except traffic.TrafficError as exc:
             self._running.check_alive(f"during request {call.index}", wait=1.0)
             raise self._running.failure(str(exc)) from None
+        done = time.monotonic()
+        if call.session is not None:
+            call.session.end_turn()
         self._command({"op": "mark", **where,
                        "tokens": reply.prompt_tokens + reply.completion_tokens},
                       f"at the end of request {call.index}")
         with self._lock:
+            origin = self._origin or 0.0
+            self.probe.request(call.index, sent - origin,
+                               None if reply.first is None else reply.first - origin,
+                               done - origin, reply.prompt_tokens, reply.completion_tokens,
+                               reply.disconnected)
             self._served += 1
             self._disconnects += reply.disconnected
-            served = self._served
-        if self.progress is not None:
-            self.progress(served)
+        self._progress()
+
+    def _progress(self) -> None:
+        """Requests served to the bar; at most every NOTE_EVERY seconds, a note of the elapsed
+        time, MLX memory now and at rest, and what is over its budget so far."""
+        if self.progress is None:
+            return
+        now = time.monotonic()
+        if now - self._noted < NOTE_EVERY:
+            self.progress(self._served)
+            return
+        self._noted = now
+        with self._lock:
+            last, rest = self.probe.last(), self._rest
+        parts = [f"{now - self._began:.0f} s"]
+        if last is not None:
+            parts.append(f"active {format_bytes(int(last['active']) - self._base, signed=True)}")
+        if rest is not None:
+            parts.append(f"at rest {format_bytes(int(rest['active']) - self._base, signed=True)}")
+        breach = self._breach()
+        parts.append(breach or "nothing over its budget so far")
+        self.progress(self._served, "[" + ", ".join(parts) + "]")
 
     def _wedged(self, request: int, answers: str) -> str:
         """A server alive and answering on its port whose request did not complete: when, and
         the memory it held then (the agent's reading at the request's start; the process's
         resident memory now, read from outside)."""
-        rows = self.probe.rows()
+        last = self.probe.last()
         held = []
-        if len(rows):
-            held.append(f"at {float(rows[-1]['time']):.1f} s, "
-                        f"{format_bytes(int(rows[-1]['active']))} of MLX memory active")
+        if last is not None:
+            held.append(f"at {float(last['time']):.1f} s, "
+                        f"{format_bytes(int(last['active']))} of MLX memory active")
         with contextlib.suppress(psutil.Error):
             held.append(f"{format_bytes(psutil.Process(self._running.pid).memory_info().rss)} "
                         "resident")
@@ -253,6 +307,94 @@ class ServerEngine:
             time.sleep(min(left, 0.1))
             self._running.check_alive("while idle")
 
+    def _done(self, sent: int) -> bool:
+        """The traffic has reached its duration or its count (`max_requests`), or the run its
+        first breach of the budget under `fail_fast`."""
+        if self.http.fail_fast and self._breach():
+            self._ended_early = f"fail_fast: {self._breach()}"
+            return True
+        if self.http.max_requests is not None and sent >= self.http.max_requests:
+            return True
+        return (self.http.duration is not None
+                and time.monotonic() - self._began >= self.http.duration)
+
+    def _breach(self) -> str | None:
+        """What the last sample at rest holds over its budget: the stated one
+        (detect.unbounded.budget), else the cache's own cap; None while within."""
+        rest = self._rest
+        if rest is None:
+            return None
+        budget = self.spec.detect.unbounded.budget
+        held = int(rest["logical"])
+        if budget is not None and held > budget:
+            return (f"the components report {format_bytes(held)} at rest at "
+                    f"{float(rest['time']):.1f} s, over the budget of {format_bytes(budget)}")
+        cap = int(rest["cap"])
+        if budget is None and cap > 0 and held > cap:
+            return (f"the cache holds {format_bytes(held)} at rest at {float(rest['time']):.1f} "
+                    f"s, over its own cap of {format_bytes(cap)}")
+        return None
+
+    def _closed_loop(self, port: int) -> None:
+        """Rounds of `clients` requests, a sample at rest after each (and after each idle
+        period)."""
+        passes = None if self.http.duration is not None else 1
+        for step in traffic.plan(self.http, self.spec.sampling.seed, self._lines, passes):
+            if self._done(self._served):
+                return
+            if isinstance(step, float):
+                self._pause(step)
+                self._at_rest("after an idle period")
+            else:
+                if self.http.max_requests is not None:
+                    step = step[:self.http.max_requests - self._served]
+                self._round(port, step)
+                self._at_rest(f"after request {step[-1].index}")
+
+    def _open_loop(self, port: int) -> None:
+        """Requests sent at their arrival offsets, whether or not earlier ones are done; every
+        `rest_every` seconds the arrivals pause while the requests in flight end, for a sample
+        at rest, and the schedule resumes where it stood (the pause does not count as traffic
+        time for the schedule)."""
+        passes = None if self.http.duration is not None else 1
+        arrivals = traffic.schedule(self.http, self.spec.sampling.seed, self._lines, passes)
+        start = time.monotonic()
+        rest_due = start + self.http.rest_every
+        pending: set[Future] = set()
+        sent = 0
+        with ThreadPoolExecutor(OPEN_LOOP_CLIENTS, thread_name_prefix="kvmem-client") as pool:
+            try:
+                for offset, call in arrivals:
+                    if self._done(sent):
+                        break
+                    while (now := time.monotonic()) < start + offset:
+                        if now >= rest_due:
+                            paused = self._rest_pause(pending, f"after request {sent - 1}")
+                            start += paused
+                            rest_due = time.monotonic() + self.http.rest_every
+                            continue
+                        time.sleep(min(start + offset - now, rest_due - now, 0.05))
+                        pending = _settled(pending)
+                        self._running.check_alive(f"before request {call.index}")
+                    pending = _settled(pending)
+                    if len(pending) >= OPEN_LOOP_CLIENTS:
+                        self._queued += 1
+                        wait(pending, return_when=FIRST_COMPLETED)
+                        pending = _settled(pending)
+                    pending.add(pool.submit(self._call, port, call))
+                    sent += 1
+                self._rest_pause(pending, f"after request {sent - 1}")
+            except BaseException:
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+
+    def _rest_pause(self, pending: set[Future], when: str) -> float:
+        """Let the requests in flight end, sample at rest: the seconds it took."""
+        began = time.monotonic()
+        _settled(set(wait(pending).done))
+        self._at_rest(when)
+        return time.monotonic() - began
+
     @property
     def _running(self) -> Agented:
         assert self._agented is not None, "the server is started by serve()"
@@ -271,13 +413,12 @@ class ServerEngine:
         self._wait_ready(port, deadline)
         self._ready_s = time.monotonic() - began
         self._at_rest("at the baseline")
-        for step in traffic.plan(self.http, self.spec.sampling.seed):
-            if isinstance(step, float):
-                self._pause(step)
-                self._at_rest("after an idle period")
-            else:
-                self._round(port, step)
-                self._at_rest(f"after request {step[-1].index}")
+        self._began = time.monotonic()
+        if traffic.open_loop(self.http, self._lines):
+            self._open_loop(port)
+        else:
+            self._closed_loop(port)
+        self._progress()
 
     # -- what the summary says --------------------------------------------------------------
 
@@ -288,7 +429,9 @@ class ServerEngine:
                           layers=len(self.geometry.layers), weights=self.weights,
                           folder=self.model.name, ready_s=round(self._ready_s, 3),
                           requests=self._served, disconnects=self._disconnects,
-                          rss_outside_gap=self._rss_gap, packages=self.packages)
+                          rss_outside_gap=self._rss_gap, packages=self.packages,
+                          latency=latency(self.probe.requests()), queued=self._queued,
+                          stopped=self._ended_early, agent_s=round(self._agent_s, 6))
 
     def store_stats(self) -> dict[str, int | float] | None:
         """The logical size the agent read (`server.logical`) at the last sample."""
@@ -301,3 +444,26 @@ class ServerEngine:
         if self._agented is not None:
             self._agented.stop()
         shutil.rmtree(self._workdir, ignore_errors=True)
+
+
+def _settled(pending: set[Future]) -> set[Future]:
+    """The requests still in flight; a request that failed ends the run with its error."""
+    for future in [f for f in pending if f.done()]:
+        future.result()
+    return {f for f in pending if not f.done()}
+
+
+def latency(requests: np.ndarray) -> Latency | None:
+    """Time to first token (streamed requests) and total latency over the requests that got
+    their whole reply, in seconds: medians, 95th percentiles and the longest."""
+    whole = requests[requests["disconnected"] == 0]
+    if not len(whole):
+        return None
+    total = whole["done"] - whole["sent"]
+    first = (whole["first"] - whole["sent"])[~np.isnan(whole["first"])]
+    figures = {"total_p50_s": np.median(total), "total_p95_s": np.percentile(total, 95),
+               "total_max_s": total.max()}
+    if len(first):
+        figures.update(ttft_p50_s=np.median(first), ttft_p95_s=np.percentile(first, 95),
+                       ttft_max_s=first.max())
+    return Latency(**{name: round(float(value), 4) for name, value in figures.items()})

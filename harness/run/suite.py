@@ -16,6 +16,7 @@ call `run_variants`.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Generator, Iterable
 from contextlib import closing
 from functools import partial
@@ -34,7 +35,8 @@ from ..judge.summary import SCHEMA, Environment, Series, Summary
 from ..report import folder as report
 from ..report.console import progress_bars, warn
 from ..report.plots import plot_overlay, series
-from ..scenario import Variant
+from ..scenario import ScenarioSpec, Variant
+from .defaults import DEFAULT_TIMEOUT
 from .environment import environment as describe_environment
 from .isolation import RunOutcome, execute
 from .probe import to_frame
@@ -52,6 +54,17 @@ def _environment(environment: dict[str, Any], outcome: RunOutcome) -> Environmen
                                        "mlx_lm": own.get("mlx-lm", "not installed")}
     return Environment.model_validate({**environment, **versions,
                                        "packages": {**outcome.variant.packages, **(own or {})}})
+
+
+def requests_frame(requests: Any) -> pd.DataFrame:
+    """A server's requests (REQUEST rows) as requests.csv has them: times in seconds on the
+    samples' clock, `status` ok, or disconnected (a client that gave up mid-stream on
+    purpose). A request that failed ends the run, so none reads so."""
+    frame = pd.DataFrame(requests)
+    if frame.empty:
+        return frame
+    frame["status"] = frame.pop("disconnected").map({0: "ok", 1: "disconnected"})
+    return frame
 
 
 def summarize(outcome: RunOutcome, environment: dict[str, Any],
@@ -107,7 +120,7 @@ def run_variants(variants: list[Variant], out: Path, console: Console | None = N
                 variant = variants[index]
                 _finish_bar(progress, task, variant.label, outcome)
                 frame, _, summary = summarize(outcome, environment, out)
-                summary, written = write(summary, frame)
+                summary, written = write(summary, frame, requests_frame(outcome.requests))
                 if not written:
                     progress.update(task, description=f"{variant.label} [failed: report not written]")
                 elif not frame.empty:  # a refused variant has no samples to draw
@@ -139,11 +152,19 @@ def _supervise(variants: list[Variant], progress: Progress, scheduler: Scheduler
                              start=scheduler.jobs == 1)
     admit = partial(_admit, scheduler, progress, task, index, variant.label)
     try:
-        outcome = execute(variant, partial(_advance, progress, task),
-                          timeout or variant.spec.timeout, admit, stop)
+        outcome = execute(variant, partial(_advance, progress, task, variant.label),
+                          allowed(variant.spec, timeout), admit, stop)
     finally:
         scheduler.release(index, variant.label)
     return task, outcome
+
+
+def allowed(spec: ScenarioSpec, timeout: float | None = None) -> float:
+    """The seconds a variant may run: `timeout` (`--timeout`), else its scenario's, else the
+    default; a soak's duration on top (`workload.http.duration`)."""
+    http = spec.workload.http
+    soak = http.duration or 0.0 if http is not None else 0.0
+    return (timeout or spec.timeout or DEFAULT_TIMEOUT) + soak
 
 
 def _admit(scheduler: Scheduler, progress: Progress, task: TaskID, index: int, label: str,
@@ -183,24 +204,39 @@ def overlays(frames: Iterable[tuple[str, str, pd.DataFrame]], out: Path,
                 warn(console, [f"{name}: overlay plot not written: {exc}"])
 
 
-def _advance(progress: Progress, task: TaskID, steps: int) -> None:
-    progress.update(task, completed=steps)
+LOG_EVERY = 60.0  # seconds between a long run's progress lines where no bar is drawn (CI logs)
+_logged: dict[TaskID, float] = {}
 
 
-def write(summary: Summary, frame: pd.DataFrame) -> tuple[Summary, bool]:
+def _advance(progress: Progress, task: TaskID, label: str, steps: int, note: str = "") -> None:
+    """The bar at `steps`; a long run's note (a server's elapsed time, memory and what is over
+    its budget so far) beside its name, and, where no bar is drawn (a log), a line a minute."""
+    if not note:
+        progress.update(task, completed=steps)
+        return
+    progress.update(task, completed=steps, description=f"{label} {note}")
+    now = time.monotonic()
+    if not progress.console.is_terminal and now - _logged.setdefault(task, now) >= LOG_EVERY:
+        _logged[task] = now
+        progress.console.print(f"{label}: {steps} requests {note}", highlight=False, markup=False)
+
+
+def write(summary: Summary, frame: pd.DataFrame,
+          requests: pd.DataFrame | None = None) -> tuple[Summary, bool]:
     """Write one variant's report where its summary says; a write that fails fails the variant,
     with the reason: the summary as it stands, and whether it was written."""
     try:
-        report.write_variant(summary.path.parent, frame, summary)
+        report.write_variant(summary.path.parent, frame, summary, requests)
     except OSError as exc:
         return summary.replace(status="failed", passed=False,
                                error=f"cannot write the report: {exc}"), False
     return summary, True
 
 
-def samples(folder: Path) -> pd.DataFrame:
-    """A run's samples.csv as written by run_variants; empty where the run left none."""
+def samples(folder: Path, name: str = "samples.csv") -> pd.DataFrame:
+    """A run's samples.csv (or requests.csv) as written by run_variants; empty where the run
+    left none."""
     try:
-        return pd.read_csv(folder / "samples.csv")
+        return pd.read_csv(folder / name)
     except (OSError, pd.errors.EmptyDataError):
         return pd.DataFrame()

@@ -1,24 +1,34 @@
-"""HTTP traffic for a server: the plan a scenario's `workload.http` makes, and one client call.
+"""HTTP traffic for a server: the requests a scenario's `workload.http` sends, when, and one
+client call.
 
-The plan is drawn from the seed alone (prompt text from `harness.model_folder.sentence`), so
-every run sends the same requests; only a session's history also holds the server's replies,
-as a chat client's does. Requests go out in rounds: a round is sent together (one thread per
-client), and the engine samples the server at rest after each round.
+Generated traffic is drawn from the seed alone (prompt text from `harness.models.folder.sentence`),
+a replayed trace (`harness.scenario.trace`) is read from its file; only a session's history also
+holds the server's replies, as a chat client's does. Closed loop, requests go out in rounds: a
+round is sent together (one thread per client), and the engine samples the server at rest after
+each round. Open loop (`schedule`), each request has an arrival offset: drawn at `rate` from the
+seed (a Poisson process, or evenly spaced), or a trace's own `at`. With `duration` the traffic
+starts over each time it ends (new prompts drawn for each pass; a trace's sessions begin anew).
 
 Calls use the standard library's `http.client`: a streamed reply is read as server-sent events
-line by line, and a client that disconnects closes its socket after the chunks it was told to
-read, as a user who closes a tab.
+line by line (the first content chunk's arrival is its time to first token), and a client that
+disconnects closes its socket after the chunks it was told to read, as a user who closes a tab.
 """
 
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
+import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from ..models.folder import sentence
+from ..scenario import trace
 from ..scenario.server import Distinct, HttpSpec, Idle, Sessions, SharedPrefix
 
 
@@ -31,16 +41,30 @@ class NoReply(TrafficError):
     answering while no request completes)."""
 
 
-@dataclass
 class Session:
-    """One conversation: its messages so far, the server's replies included."""
+    """One conversation: its messages so far, the server's replies included, and how many of
+    its turns have ended (open loop, a turn waits for the one before it, as a user does)."""
 
-    messages: list[dict] = field(default_factory=list)
+    def __init__(self) -> None:
+        self.messages: list[dict] = []
+        self.ended = 0
+        self._turned = threading.Condition()
+
+    def wait_for(self, turn: int, timeout: float) -> bool:
+        """Wait until the turns before `turn` have ended; False if `timeout` passed first."""
+        with self._turned:
+            return self._turned.wait_for(lambda: self.ended >= turn, timeout)
+
+    def end_turn(self) -> None:
+        with self._turned:
+            self.ended += 1
+            self._turned.notify_all()
 
 
 @dataclass(frozen=True)
 class Call:
-    """One request as planned: `text` is the new user message (chat) or the prompt's new part."""
+    """One request as planned: `text` is the new user message (chat) or the prompt's new part;
+    a trace's chat line gives its new `messages` instead, and `extra` the rest of its body."""
 
     index: int
     text: str
@@ -50,6 +74,9 @@ class Call:
     disconnect: int | None
     session: Session | None = None
     turn: int = -1
+    messages: tuple[dict, ...] | None = None
+    extra: dict = field(default_factory=dict, hash=False)
+    at: float | None = None  # a trace's arrival offset, seconds from the start of its pass
 
 
 @dataclass(frozen=True)
@@ -58,16 +85,70 @@ class Reply:
     prompt_tokens: int
     completion_tokens: int
     disconnected: bool
+    first: float | None = None  # time.monotonic() at the first streamed content; None unstreamed
 
 
 Step = list[Call] | float  # a round sent together, or seconds of idleness
 
 
-def plan(http: HttpSpec, seed: int) -> list[Step]:
-    """Every round (and idle period) of the traffic, in order."""
-    steps: list[Step] = []
+def lines(http: HttpSpec) -> list[trace.Line] | None:
+    """The trace's requests, or None for generated traffic (the loader has checked the file)."""
+    return None if http.trace is None else trace.read(Path(http.trace))
+
+
+def open_loop(http: HttpSpec, replayed: list[trace.Line] | None) -> bool:
+    """Requests arrive on a schedule, not in rounds: a rate, or a trace's own offsets."""
+    return http.rate is not None or any(line.at is not None for line in replayed or [])
+
+
+def plan(http: HttpSpec, seed: int, replayed: list[trace.Line] | None = None,
+         passes: int | None = 1) -> Iterator[Step]:
+    """Every round (and idle period) of the traffic, in order, pass after pass (`passes` None:
+    without end, for a run that stops on time or count); drawn lazily, so a soak holds one pass
+    at a time."""
+    for _, rounds in _passes(http, seed, replayed, passes):
+        yield from rounds
+
+
+def _passes(http: HttpSpec, seed: int, replayed: list[trace.Line] | None,
+            passes: int | None) -> Iterator[tuple[int, list[Step]]]:
     index = 0
-    for number, phase in enumerate(http.phases):
+    for number in itertools.count() if passes is None else range(passes):
+        rounds = (_trace(http, replayed, index) if replayed is not None
+                  else _phases(http, seed, number, index))
+        index += sum(len(step) for step in rounds if not isinstance(step, float))
+        yield number, rounds
+
+
+def schedule(http: HttpSpec, seed: int, replayed: list[trace.Line] | None = None,
+             passes: int | None = 1) -> Iterator[tuple[float, Call]]:
+    """Each request with its arrival offset in seconds from the start of the traffic: at
+    `rate` (Poisson from the seed, or evenly spaced), else the trace's `at` (a line without
+    one arrives with the line before it); a trace's next pass starts where its last ended."""
+    rng = np.random.default_rng([seed, 7])
+    clock, start, sent = 0.0, 0.0, 0
+    for _, rounds in _passes(http, seed, replayed, passes):
+        for step in rounds:
+            assert not isinstance(step, float), "the schema keeps idle phases out of open loop"
+            for call in step:
+                if http.rate is None:
+                    clock = max(clock, start + (call.at or 0.0))
+                elif sent:
+                    clock += (rng.exponential(1 / http.rate) if http.arrivals == "poisson"
+                              else 1 / http.rate)
+                sent += 1
+                yield clock, call
+        start = clock
+
+
+def _rng(seed: int, number: int, *keys: int) -> np.random.Generator:
+    """The generator of one draw: the first pass's as ever, a later pass's its own."""
+    return np.random.default_rng([seed, *keys] if number == 0 else [seed, *keys, number])
+
+
+def _phases(http: HttpSpec, seed: int, number: int, index: int) -> list[Step]:
+    steps: list[Step] = []
+    for phase_number, phase in enumerate(http.phases or []):
         if isinstance(phase, Idle):
             steps.append(phase.seconds)
             continue
@@ -78,27 +159,27 @@ def plan(http: HttpSpec, seed: int) -> list[Step]:
             "disconnect": phase.disconnect,
         }
         clients = phase.clients or http.clients
+        draw = (lambda *keys, p=phase_number: _rng(seed, number, p, *keys))
         if isinstance(phase, Sessions):
-            rounds = _sessions(phase, clients, seed, number, index, settings)
+            rounds = _sessions(phase, clients, draw, index, settings)
         else:
-            rounds = _requests(phase, clients, seed, number, index, settings)
+            rounds = _requests(phase, clients, draw, index, settings)
         steps.extend(rounds)
         index += sum(len(r) for r in rounds)
     return steps
 
 
-def _requests(phase: Distinct | SharedPrefix, clients: int, seed: int, number: int, first: int,
+def _requests(phase: Distinct | SharedPrefix, clients: int, draw, first: int,
               settings: dict) -> list[list[Call]]:
     shared = ""
     if isinstance(phase, SharedPrefix):
-        shared = sentence(np.random.default_rng([seed, number, 0]), phase.prefix) + " "
-    calls = [Call(first + i, shared + sentence(np.random.default_rng([seed, number, 1, i]),
-                                               phase.words), **settings)
+        shared = sentence(draw(0), phase.prefix) + " "
+    calls = [Call(first + i, shared + sentence(draw(1, i), phase.words), **settings)
              for i in range(phase.requests)]
     return [calls[i:i + clients] for i in range(0, len(calls), clients)]
 
 
-def _sessions(phase: Sessions, clients: int, seed: int, number: int, first: int,
+def _sessions(phase: Sessions, clients: int, draw, first: int,
               settings: dict) -> list[list[Call]]:
     """Sessions in groups of `clients`; each round is one turn of every session in a group."""
     rounds: list[list[Call]] = []
@@ -108,12 +189,34 @@ def _sessions(phase: Sessions, clients: int, seed: int, number: int, first: int,
         for turn in range(phase.turns):
             round_ = []
             for offset, session in enumerate(members):
-                rng = np.random.default_rng([seed, number, group + offset, turn])
-                round_.append(Call(index, sentence(rng, phase.words), session=session,
-                                   turn=turn, **settings))
+                round_.append(Call(index, sentence(draw(group + offset, turn), phase.words),
+                                   session=session, turn=turn, **settings))
                 index += 1
             rounds.append(round_)
     return rounds
+
+
+def _trace(http: HttpSpec, replayed: list[trace.Line], first: int) -> list[Step]:
+    """One pass of a trace as calls (its sessions begun anew), in rounds of `clients` that
+    never hold two turns of one session."""
+    sessions: dict[str, Session] = {}
+    turns: dict[str, int] = {}
+    rounds: list[Step] = []
+    current: list[Call] = []
+    for offset, line in enumerate(replayed):
+        session, turn = None, -1
+        if line.session is not None:
+            session = sessions.setdefault(line.session, Session())
+            turn = turns[line.session] = turns.get(line.session, -1) + 1
+        if len(current) == http.clients or (session is not None and any(
+                call.session is session for call in current)):
+            rounds.append(current)
+            current = []
+        current.append(Call(
+            first + offset, line.prompt or "", line.endpoint, line.max_tokens or http.max_tokens,
+            http.stream if line.stream is None else line.stream, None, session, turn,
+            line.messages, line.extra, line.at))
+    return [*rounds, current]
 
 
 TOKENS_PER_WORD = 2  # an upper bound for the generated models' tokenizer (one or two a word)
@@ -122,7 +225,7 @@ TOKENS_PER_WORD = 2  # an upper bound for the generated models' tokenizer (one o
 def longest_context(http: HttpSpec) -> int:
     """An upper bound on the tokens of the longest request the traffic sends, for estimates."""
     longest = 0
-    for phase in http.phases:
+    for phase in http.phases or []:
         if isinstance(phase, Idle):
             continue
         reply = phase.max_tokens or http.max_tokens
@@ -133,23 +236,39 @@ def longest_context(http: HttpSpec) -> int:
         else:
             tokens = TOKENS_PER_WORD * phase.words + reply
         longest = max(longest, tokens + 64)  # the chat template's own tokens
+    held: dict[str | None, int] = {}  # a trace's tokens so far, per session
+    for line in lines(http) or []:
+        words = sum(len(m["content"].split()) for m in line.messages or ()) + len(
+            (line.prompt or "").split())
+        tokens = held.get(line.session, 0) * (line.session is not None) + TOKENS_PER_WORD * (
+            words + 8 * len(line.messages or ())) + (line.max_tokens or http.max_tokens)
+        held[line.session] = tokens
+        longest = max(longest, tokens + 64)
     return longest
 
 
 def body(call: Call, model: str | None = None) -> dict:
-    """The JSON body of a call, naming `model` if given: greedy, so the same prompts give the
-    same replies."""
-    request: dict = {"max_tokens": call.max_tokens, "temperature": 0.0, "stream": call.stream}
+    """The JSON body of a call, naming `model` if given: a trace line's own fields, else greedy,
+    so the same prompts give the same replies."""
+    request: dict = {"temperature": 0.0, **call.extra, "max_tokens": call.max_tokens,
+                     "stream": call.stream}
     if model is not None:
         request["model"] = model
     if call.stream:
         request["stream_options"] = {"include_usage": True}
     history = call.session.messages if call.session is not None else []
     if call.endpoint == "chat":
-        request["messages"] = [*history, {"role": "user", "content": call.text}]
+        request["messages"] = [*history, *_new(call)]
     else:
         request["prompt"] = " ".join([*(m["content"] for m in history), call.text])
     return request
+
+
+def _new(call: Call) -> list[dict]:
+    """What a call adds to its conversation: a trace's messages, or one user message."""
+    if call.messages is not None:
+        return list(call.messages)
+    return [{"role": "user", "content": call.text}]
 
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -183,8 +302,7 @@ def send(host: str, port: int, call: Call, timeout: float, model: str | None = N
     finally:
         connection.close()
     if call.session is not None:
-        call.session.messages += [{"role": "user", "content": call.text},
-                                  {"role": "assistant", "content": reply.text}]
+        call.session.messages += [*_new(call), {"role": "assistant", "content": reply.text}]
     return reply
 
 
@@ -226,6 +344,7 @@ def _streamed(response: http.client.HTTPResponse, call: Call) -> Reply:
     parts: list[str] = []
     usage: dict = {}
     chunks = 0
+    first: float | None = None
     for raw in response:
         line = raw.strip()
         if not line.startswith(b"data:"):
@@ -235,9 +354,12 @@ def _streamed(response: http.client.HTTPResponse, call: Call) -> Reply:
             break
         event = json.loads(payload)
         usage = event.get("usage") or usage
-        parts.extend(_text(c) for c in event.get("choices") or [])
+        texts = [_text(c) for c in event.get("choices") or []]
+        if first is None and any(texts):
+            first = time.monotonic()
+        parts.extend(texts)
         chunks += 1
         if call.disconnect is not None and chunks >= call.disconnect:
-            return Reply("".join(parts), 0, chunks, True)
+            return Reply("".join(parts), 0, chunks, True, first)
     return Reply("".join(parts), int(usage.get("prompt_tokens", 0)),
-                 int(usage.get("completion_tokens", 0)), False)
+                 int(usage.get("completion_tokens", 0)), False, first)

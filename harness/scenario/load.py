@@ -21,7 +21,7 @@ from ..common.errors import BadInput
 from ..components.registry import Binding
 from ..components.registry import check as check_components
 from ..models import loading as models
-from . import checks
+from . import checks, trace
 from .schema import ScenarioSpec, check_name
 
 
@@ -223,6 +223,7 @@ def definitions(path: Path, data: bytes | None = None) -> dict[str, ScenarioSpec
 
 def _load(path: Path, variants: list[str] | None) -> list[Variant]:
     scenarios = _variants(path, _read_yaml(path), variants)
+    _check_traces(path, scenarios)
     bindings = [binding for v in scenarios
                 for binding in _bindings(v.spec, path, f"variant {v.name!r}: " if v.override else "")]
     # Every component of every variant resolved and built, so a typo fails before any run;
@@ -269,8 +270,34 @@ def _variants(path: Path, raw: Any, variants: list[str] | None) -> list[Variant]
             spec = _validate(_merge(raw, override or {}))
         except ScenarioError as exc:
             raise ScenarioError(f"{path}: {f'variant {name!r}: ' if override else ''}{exc}") from None
-        scenarios.append(Variant(path=path, name=name, spec=spec, override=bool(override)))
+        scenarios.append(Variant(path=path, name=name, spec=_traced(spec, path),
+                                 override=bool(override)))
     return scenarios
+
+
+def _traced(spec: ScenarioSpec, path: Path) -> ScenarioSpec:
+    """The spec with its trace (if any) named from the scenario file's folder, where it is
+    read from wherever kvmem runs."""
+    http = spec.workload.http
+    if http is None or http.trace is None or Path(http.trace).is_absolute():
+        return spec
+    http = http.model_copy(update={"trace": str(path.parent / http.trace)})
+    return spec.model_copy(update={"workload": spec.workload.model_copy(update={"http": http})})
+
+
+def _check_traces(path: Path, scenarios: list[Variant]) -> None:
+    """Every trace the variants replay, read whole: a bad line is bad input before any run."""
+    read: set[str] = set()
+    for variant in scenarios:
+        http = variant.spec.workload.http
+        if http is None or http.trace is None or http.trace in read:
+            continue
+        read.add(http.trace)
+        try:
+            trace.read(Path(http.trace))
+        except trace.TraceError as exc:
+            where = f"variant {variant.name!r}: " if variant.override else ""
+            raise ScenarioError(f"{path}: {where}workload.http.trace: {exc}") from None
 
 
 def _bindings(spec: ScenarioSpec, path: Path, where: str) -> list[Binding]:

@@ -12,6 +12,7 @@ from pydantic import BeforeValidator, Discriminator, Field, model_validator
 
 from ..common.echo import echo
 from ..common.strict import Strict
+from ..common.units import Duration
 
 MAX_REQUESTS = 100_000
 MAX_WORDS = 1_000_000
@@ -23,6 +24,28 @@ Words = Annotated[int, Field(strict=True, ge=1, le=MAX_WORDS)]
 Clients = Annotated[int, Field(strict=True, ge=1, le=MAX_CLIENTS)]
 Tokens = Annotated[int, Field(strict=True, ge=1, le=MAX_REQUESTS)]
 Seconds = Annotated[float, Field(strict=True, gt=0.0, le=MAX_SECONDS, allow_inf_nan=False)]
+MAX_RATE = 10_000.0  # requests a second
+_RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*/\s*(s|m|h)\s*$", re.ASCII)
+_PER = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _check_rate(value: object) -> float:
+    """Requests a second from `2/s`, `90/m`, `500/h` or a number (a second)."""
+    expected = "expected an arrival rate such as 2/s, 90/m or 500/h"
+    if isinstance(value, bool):
+        raise ValueError(expected)
+    if isinstance(value, (int, float)):
+        rate = float(value)
+    elif isinstance(value, str) and len(value) <= 32 and (match := _RATE.match(value)):
+        rate = float(match.group(1)) / _PER[match.group(2)]
+    else:
+        raise ValueError(f"{expected}, got {echo(value)}")
+    if not 0 < rate <= MAX_RATE:
+        raise ValueError(f"{expected}: more than zero and at most {MAX_RATE:g} a second")
+    return rate
+
+
+Rate = Annotated[float, BeforeValidator(_check_rate)]
 
 # The server kvmem starts by default: mlx-lm's, on the generated model, on a free port. Started
 # as `python -m mlx_lm server` (mlx-lm's own advice; `-m mlx_lm.server` is deprecated), so its
@@ -238,10 +261,15 @@ Phase = Annotated[Union[Distinct, SharedPrefix, Sessions, Idle], Discriminator("
 
 
 class HttpSpec(Strict):
-    """`workload.http`: OpenAI-compatible traffic in phases, run in order; defaults for every
-    phase's requests. Prompts are drawn from `sampling.seed`, so the traffic is identical run
-    to run. With one client a sample at rest follows each request; with more, each round of
-    `clients` requests sent together."""
+    """`workload.http`: OpenAI-compatible traffic, generated in phases run in order or replayed
+    from a trace (`trace:`, JSON lines; see docs/traces.md); defaults for every request.
+    Prompts are drawn from `sampling.seed`, so the traffic is identical run to run.
+
+    Closed loop (the default): requests go out in rounds of `clients`, a sample at rest after
+    each round. Open loop (`rate:`, or a trace's own `at` offsets): requests arrive on a
+    seeded schedule whether or not earlier ones are done, so a slow server builds a queue, and
+    the traffic pauses every `rest_every` seconds for a sample at rest. `duration:` repeats the
+    traffic until that time has passed (a soak), `max_requests:` stops it at a count."""
 
     endpoint: Literal["chat", "completions"] = "chat"
     # The model each request names, for servers that require one (placeholders as in the
@@ -250,25 +278,50 @@ class HttpSpec(Strict):
     max_tokens: Tokens = 16
     clients: Clients = 1
     stream: Annotated[bool, Field(strict=True)] = False
-    phases: Annotated[list[Phase], Field(min_length=1)]
+    phases: Annotated[list[Phase], Field(min_length=1)] | None = None
+    # A JSON-lines file of requests, relative to the scenario file (harness.scenario.trace).
+    trace: Annotated[str, Field(strict=True, min_length=1)] | None = None
+    # Open-loop arrivals: requests a second, drawn as a Poisson process (or evenly spaced).
+    rate: Rate | None = None
+    arrivals: Literal["poisson", "even"] = "poisson"
+    duration: Duration | None = None
+    max_requests: Requests | None = None
+    # Under open-loop traffic, the longest stretch without a sample at rest: arrivals pause,
+    # the requests in flight finish, the agent samples at rest, and the schedule resumes.
+    rest_every: Duration = 60.0
+    # End the traffic at the first sample at rest over the budget (detect.unbounded.budget)
+    # or the cache's own cap, the report written as for any run.
+    fail_fast: Annotated[bool, Field(strict=True)] = False
 
     @model_validator(mode="after")
     def _check(self) -> HttpSpec:
-        for index, phase in enumerate(self.phases):
+        if (self.phases is None) == (self.trace is None):
+            raise ValueError("expected exactly one of phases (generated traffic) or trace "
+                             "(a JSON-lines file of requests)")
+        for index, phase in enumerate(self.phases or []):
             if isinstance(phase, Idle) or phase.disconnect is None:
                 continue
             streaming = phase.stream if phase.stream is not None else self.stream
             if not streaming:
                 raise ValueError(f"phases.{index}.disconnect: a client disconnects mid-stream: "
                                  "set stream: true")
-        if not any(not isinstance(phase, Idle) for phase in self.phases):
+        if self.phases is not None and all(isinstance(p, Idle) for p in self.phases):
             raise ValueError("phases: expected at least one phase that sends requests")
+        if self.rate is not None and any(isinstance(p, Idle) for p in self.phases or []):
+            raise ValueError("rate: open-loop arrivals and idle phases do not mix (the traffic "
+                             "pauses for samples at rest every rest_every seconds)")
         return self
 
+    @property
+    def open_loop(self) -> bool:
+        """Requests arrive on a schedule (a rate, or a trace's offsets) rather than in rounds."""
+        return self.rate is not None or self.trace is not None
+
     def requests(self) -> int:
-        """How many requests the traffic sends in all."""
+        """How many requests one pass of the generated phases sends (0 for a trace: its
+        length is known once the file is read)."""
         total = 0
-        for phase in self.phases:
+        for phase in self.phases or []:
             if isinstance(phase, Sessions):
                 total += phase.sessions * phase.turns
             elif not isinstance(phase, Idle):
