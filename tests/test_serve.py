@@ -23,6 +23,7 @@ from harness.models.folder import folder
 from harness.models.loading import ModelChoice
 from harness.run import traffic
 from harness.run.isolation import estimate_bytes, execute
+from harness.run.probe import PHASES
 from harness.run.server_engine import AGENT_DIR
 from harness.run.suite import summarize
 from harness.scenario import ScenarioError, load_variants
@@ -473,6 +474,10 @@ def test_a_variant_killed_mid_run_takes_its_server_with_it(tmp_path: Path,
     (variant,) = load_variants(path)
     outcome = execute(variant, timeout=8)
     assert outcome.status == "failed" and outcome.error.startswith("timed out after 8 s")
+    # What it sampled up to its last sample at rest was on disk: the baseline and request 0 (the
+    # server's third request, after the readiness request, is the one that hangs).
+    assert (outcome.rows["phase"] == PHASES.index("idle")).sum() == 2
+    assert outcome.requests["request"].tolist() == [0]
     _, alive = psutil.wait_procs([psutil.Process(pid) for pid in servers()], timeout=5)
     assert not alive
 

@@ -594,7 +594,7 @@ def test_the_withdrawal_removes_the_label_and_takes_its_absence_calmly(check, tm
 def test_nightly_workflow_checks_merged_shards_and_uploads_plots_and_history():
     data = workflow("memory-nightly.yml")
     assert data["on"]["schedule"] == [{"cron": "17 3 * * *"}]
-    assert list(data["jobs"]) == ["run", "baseline-check", "pages", "issue"]
+    assert list(data["jobs"]) == ["run", "soak", "baseline-check", "pages", "issue"]
     assert_sharded(data, "run", "memory-nightly-shard", data, "baseline-check")
     assert data["jobs"]["baseline-check"]["needs"] == "run"
     assert data["jobs"]["baseline-check"]["if"] == "${{ !cancelled() }}"
@@ -622,6 +622,15 @@ def test_nightly_workflow_checks_merged_shards_and_uploads_plots_and_history():
     for step in steps(data, "baseline-check"):
         if "harness export" in step.get("run", "") or "harness history" in step.get("run", ""):
             assert step["if"] == "${{ !cancelled() && steps.merge.outcome == 'success' }}"
+
+
+def test_nightly_soaks_a_real_server_with_its_own_timeout_and_keeps_its_reports():
+    data = workflow("memory-nightly.yml")
+    soak = data["jobs"]["soak"]
+    assert soak["timeout-minutes"] >= 40 and "permissions" not in soak
+    assert "-m harness run scenarios-nightly --out reports/soak" in scripts(data, "soak")
+    (upload,) = using(data, "actions/upload-artifact", "soak")
+    assert upload["if"] == "always()" and upload["with"]["path"] == "reports/soak/"
 
 
 def test_nightly_publishes_the_history_site_to_pages_from_a_job_that_runs_nothing():

@@ -137,7 +137,8 @@ def execute(variant: Variant, on_step: Callable[[int, str], None] | None = None,
     DEFAULT_TIMEOUT) kills a child that hangs. An interrupt of the parent kills the child first.
     `admit` gets the child's estimate and returns None (serve) or a refusal message; time spent
     in it (waiting for memory) counts toward neither the timeout nor the wall time. `stop`, set
-    by another thread, kills the child as an interrupt would.
+    by another thread, kills the child as an interrupt would. `on_step` is told the steps
+    served (a server's requests) and the child's latest progress note.
     """
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     last_step = CONTEXT.Value("q", 0, lock=False)

@@ -148,6 +148,12 @@ class Probe:
     def requests(self) -> np.ndarray:
         return self._requests.all()
 
+    def spill(self) -> None:
+        """Write what the spool files have not yet got (a server's run does at each sample at
+        rest, so a variant killed later still reports up to there)."""
+        self._rows.spill()
+        self._requests.spill()
+
     def close(self) -> None:
         """Write out what the spool files have not yet got."""
         self._rows.close()

@@ -209,6 +209,7 @@ class ServerEngine:
         last = self.probe.last()
         assert last is not None, "an idle command answers with its sample"
         with self._lock:
+            self.probe.spill()
             self._rest = {name: float(last[name]) for name in ("time", "active", "logical", "cap")}
         if self._base == 0:
             self._base = int(last["active"])
