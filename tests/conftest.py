@@ -10,6 +10,8 @@ from harness.judge.detectors import detect
 from harness.judge.expect import check
 from harness.judge.metrics import RunFacts, Samples, figures
 from harness.judge.records import Expectation, Finding
+from harness.models.folder import folder
+from harness.models.loading import ModelChoice
 from harness.run.engines import Engine, create
 from harness.run.probe import Probe, to_frame
 from harness.scenario import ScenarioSpec
@@ -76,3 +78,11 @@ def exact_allocator():
     mx.clear_cache()
     yield
     mx.set_cache_limit(limit)
+
+
+@pytest.fixture(scope="session")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A generated model folder for serve mode's fake server: the server ignores it, the engine
+    reads its geometry."""
+    choice = ModelChoice("qwen3-tiny", None, None, None, "float32", None, 64)
+    return str(folder(choice, tmp_path_factory.mktemp("models")))

@@ -19,7 +19,7 @@ from harness.common.child import kvmem_first
 from harness.run.server_engine import ServerError
 from tests.conftest import make_spec, serve_with_engine
 from tests.test_gate_pr import branch, commit, edit, gate, recorded  # noqa: F401 (fixtures)
-from tests.test_serve import FIXTURES, fake, model_path  # noqa: F401 (model_path: a fixture)
+from tests.test_serve import FIXTURES, fake
 
 # A layer cache by import path, and twins of it that replace `mx.get_active_memory` with a
 # function hiding 4 KiB: one when its module is imported, one in its first update.
@@ -154,7 +154,7 @@ def test_the_agent_reads_past_a_replaced_counter_and_names_it(
 
 
 def test_a_server_whose_code_replaces_a_counter_fails_its_variant(
-        tmp_path: Path, model_path: str) -> None:  # noqa: F811 (the fixture)
+        tmp_path: Path, model_path: str) -> None:
     """The agent binds MLX's counters before the server's code (here a plugin) is imported."""
     (tmp_path / "counters.py").write_text(COUNTERS + "\nmx.get_active_memory = fewer_bytes\n")
     spec = fake(model_path, requests=1, plugins=["counters"],

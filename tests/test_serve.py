@@ -19,8 +19,6 @@ import pytest
 
 from harness.agent import kvmem_agent
 from harness.judge import frames
-from harness.models.folder import folder
-from harness.models.loading import ModelChoice
 from harness.run import traffic
 from harness.run.isolation import estimate_bytes, execute
 from harness.run.probe import PHASES
@@ -33,13 +31,6 @@ from tests.conftest import make_spec, serve_with_engine
 FIXTURES = Path(__file__).parent / "fixtures" / "server"
 ENTRY = 16384  # bytes per prompt word: a 64-word prompt stores 1 MiB
 MiB = 2**20
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A generated model folder: the fake server ignores it, the engine reads its geometry."""
-    choice = ModelChoice("qwen3-tiny", None, None, None, "float32", None, 64)
-    return str(folder(choice, tmp_path_factory.mktemp("models")))
 
 
 def fake(model_path: str, *args: str, requests: int = 8, **server: object) -> dict:

@@ -21,7 +21,7 @@ from harness.run.isolation import execute
 from harness.run.suite import summarize
 from harness.scenario import load_variants
 from harness.scenario.server import ServerSpec
-from tests.test_serve import fake, model_path, servers  # noqa: F401 (model_path: a fixture)
+from tests.test_serve import fake, servers
 
 ROOT = Path(__file__).resolve().parents[1]
 MLX = md.version("mlx")
@@ -75,7 +75,7 @@ def test_a_complete_environment_is_reused_without_uv_and_a_partial_one_rebuilt(
 
 
 def test_a_failed_build_fails_its_variant_naming_the_package_and_why(
-        tmp_path: Path, model_path: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+        tmp_path: Path, model_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVMEM_CACHE", str(tmp_path / "cache"))
     missing = "kvmem-no-such-package-7f3a==1.0"
     summary = run_variant(tmp_path, fake(model_path, requires=[missing]))
@@ -90,7 +90,7 @@ def test_a_failed_build_fails_its_variant_naming_the_package_and_why(
 
 
 def test_a_server_runs_in_the_environment_kvmem_builds_once(
-        tmp_path: Path, model_path: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+        tmp_path: Path, model_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVMEM_CACHE", str(tmp_path / "cache"))
     note = tmp_path / "note.txt"
     scenario = fake(model_path, "--note", str(note), requests=2, requires=REQUIRES)
@@ -108,7 +108,7 @@ def test_a_server_runs_in_the_environment_kvmem_builds_once(
 
 
 def test_a_server_in_an_interpreter_the_scenario_names(tmp_path: Path,
-                                                       model_path: str) -> None:  # noqa: F811
+                                                       model_path: str) -> None:
     note = tmp_path / "note.txt"
     python = str(Path(sys.executable))
     summary = run_variant(tmp_path, fake(model_path, "--note", str(note), requests=1,
@@ -119,7 +119,7 @@ def test_a_server_in_an_interpreter_the_scenario_names(tmp_path: Path,
 
 
 def test_without_mlx_lm_kvmem_serves_a_server_of_its_own_and_names_the_extra_elsewhere(
-        tmp_path: Path, model_path: str) -> None:  # noqa: F811
+        tmp_path: Path, model_path: str) -> None:
     """mlx-lm hidden from kvmem's processes (its import fails, as where it is not installed):
     the CLI, and a server with an interpreter of its own, work; an engine that needs mlx-lm in
     kvmem's process is bad input naming the extra, exit 2."""

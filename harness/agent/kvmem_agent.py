@@ -12,13 +12,14 @@ Protocol (version 1), over `multiprocessing.connection` with the key kvmem gives
   set up (a logical path or a plugin that does not import), which kvmem reports as the run's
   failure;
 - then it answers each command with `{"rows": [...], "now": t, "busy": s, "replaced": r}`, the
-  rows sampled since its last answer (`busy`: the seconds it has spent sampling, in all;
+  rows sampled since its last answer (`busy`: the CPU seconds its sampling took, in all;
   `replaced`: None, or which of MLX's counters the server's code replaced, which kvmem reports
   as the run's failure):
   `{"op": "mark", "request": i, "turn": t}` samples now (a request boundary);
-  `{"op": "idle", "cycles": bool, "settle": s}` waits until active memory and the logical
-  size stand still (at most `s` seconds), measures what unreachable reference cycles hold
-  (without freeing it) when asked, hands freed heap back to the system and samples;
+  `{"op": "idle", "cycles": bool, "settle": s}` (with `request` and `turn` where no mark
+  has said them: open-loop traffic) waits until active memory and the logical size stand
+  still (at most `s` seconds), measures what unreachable reference cycles hold (without
+  freeing it) when asked, hands freed heap back to the system and samples;
   `{"op": "rows"}` only drains; `{"op": "stop"}` drains and ends the agent.
 - if the connection ends without a stop, kvmem is gone: the agent kills its process (and the
   process group it leads), so a server never outlives the kvmem that started it.
@@ -324,7 +325,7 @@ class Agent:
         self._turn = -1
         self._last_active = self._active()
         self._stop = threading.Event()
-        self._busy = 0.0  # seconds spent taking samples, in all
+        self._busy = 0.0  # CPU seconds spent taking samples, in all
 
     def _active(self) -> int:
         return 0 if self.counters is None else int(self.counters.active())
@@ -335,7 +336,7 @@ class Agent:
 
     def take(self, phase: str, cyclic: int = 0, tokens: int = 0) -> None:
         """One row now; the peak counter starts again from here."""
-        began = time.perf_counter()
+        began = time.thread_time()
         with self._lock:
             counters = self.counters
             active = self._active()
@@ -352,7 +353,7 @@ class Agent:
                 time=time.monotonic(), phase=phase, request=self._request, turn=self._turn,
                 tokens=tokens, active=active, peak=peak, cache=cache, rss=current_rss(),
                 logical=size, entries=entries, cyclic=cyclic, cap=cap)))
-            self._busy += time.perf_counter() - began
+            self._busy += time.thread_time() - began
 
     def drain(self) -> dict:
         with self._lock:
@@ -377,6 +378,8 @@ class Agent:
             self._request, self._turn = command["request"], command.get("turn", -1)
             self.take("request", tokens=command.get("tokens", 0))
         elif op == "idle":
+            if "request" in command:  # open-loop traffic marks no request: the idle says
+                self._request, self._turn = command["request"], command.get("turn", -1)
             self.settle(float(command.get("settle", 2.0)))
             cyclic = cycle_garbage() if command.get("cycles") else 0
             release_freed_heap()

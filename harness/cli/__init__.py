@@ -1,6 +1,6 @@
 """Command line: `python -m harness` and the `kvmem` script are this one parser, assembled from
 the modules that hold each group of commands with its arguments (`running`, `gating`,
-`history`, and `kvmem init` in harness.adopt).
+`history`, `recording`, and `kvmem init` in harness.adopt).
 
 Exit status: 0 every expectation held, 1 an expectation (or comparison) failed, 2 bad input or a
 run that could not complete. Bad input is one line naming the file and the field, never a
@@ -24,7 +24,7 @@ from rich.markup import escape
 from .. import adopt
 from ..common.echo import clip
 from ..common.errors import BadInput
-from . import gating, history, options, running
+from . import gating, history, options, recording, running
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,7 +39,7 @@ def parser() -> argparse.ArgumentParser:
     top = _Parser(prog="kvmem",
                   description="Memory profiling and regression gate for KV-cache strategies on MLX.")
     sub = top.add_subparsers(dest="command", required=True)
-    for group in (running, gating, history, adopt):
+    for group in (running, recording, gating, history, adopt):
         group.add(sub)
     return top
 
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         options.errors().print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         return 2
     except KeyboardInterrupt:
-        options.errors().print("[red]interrupted[/red]: the running variant was stopped; "
+        options.errors().print("[red]interrupted[/red]: what was running was stopped; "
                                "reports already written are kept", highlight=False)
         return 130
     finally:

@@ -52,10 +52,16 @@ over_cap   over_q: l_q − cap_q > max(min_bytes, ratio × cap_q), where the age
 overclaimed  e_q = (l_q − l_0) − (a_q − b) > max(min_bytes, ratio × (l_q − l_0)) at the
            last quiescent point (l_0 the baseline's count): the accounting grew more than what
            is held; supersedes unbounded and over_cap, which read that accounting.
+drift      a_t = b + r·t + ε over the samples in flight of a run with no request boundaries and
+           under three points at rest (`kvmem record`), least squares: an error where r·T or the
+           last a_t − b exceeds budget, or r exceeds rate; a warning where r·T ≥ min_bytes with
+           r² ≥ r2 and no budget is breached.
 
 The detectors of steps are in harness.judge.per_step, those of memory at rest in
-harness.judge.at_rest. A per-step detector reports, through `from_hits`, the step of its largest
-excess, that excess in bytes, how many steps it hit and the first MAX_STEPS_LISTED of them.
+harness.judge.at_rest, the trend against time of a recorded process (`drift`) in
+harness.judge.over_time. A per-step detector reports, through `from_hits`, the step of its
+largest excess, that excess in bytes, how many steps it hit and MAX_STEPS_LISTED of them spread
+over the hits (`records.listed`).
 """
 
 from __future__ import annotations
@@ -87,6 +93,7 @@ from .at_rest import (
     retained,
     unbounded,
 )
+from .over_time import DriftThresholds, drift
 from .per_step import (
     AliasThresholds,
     GrowthThresholds,
@@ -151,6 +158,9 @@ DETECTORS: dict[str, Detector] = {
                          supersedes=("unbounded",)),
     "overclaimed": Detector(overclaimed, OverclaimThresholds, "none", Marker("8", "tab:blue"),
                             supersedes=("unbounded", "over_cap")),
+    # A recorded process's trend against time (`kvmem record`): no request boundaries, nothing
+    # at rest, so it never reads a scenario's run. A warning with no budget stated.
+    "drift": Detector(drift, DriftThresholds, "none", Marker(">", "tab:orange")),
 }
 
 

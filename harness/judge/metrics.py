@@ -164,6 +164,11 @@ def _per_token(s: Samples) -> float | None:
     return s.steady / tokens if tokens else None
 
 
+def _retained(s: Samples) -> int:
+    beyond = s.judged["active"] - s.base - s.judged["logical"]
+    return max(int(beyond.max()), 0) if len(beyond) else 0
+
+
 # In the order summaries record them.
 METRICS: dict[str, Metric] = {
     "baseline": Metric(lambda s: s.base),
@@ -182,9 +187,9 @@ METRICS: dict[str, Metric] = {
     "leak_rate": Metric(lambda s: s.leak_rate, per="req", gate=_EXACT_BYTES, kind=EXACT_KIND,
                         required=True, pytest=True),
     # The most active memory beyond what the components report, over the steps the detectors
-    # judge (a server's samples in flight are left out: there nothing reports the requests').
-    "retained": Metric(lambda s: max(int((s.judged["active"] - s.base
-                                          - s.judged["logical"]).max()), 0),
+    # judge (a server's samples in flight are left out: there nothing reports the requests'; a
+    # recorded process, all in flight, has none).
+    "retained": Metric(_retained,
                        gate=_EXACT_BYTES, kind=EXACT_KIND, required=True),
     # RSS counts the interpreter, imported libraries and the MLX buffer cache.
     "rss_peak": Metric(lambda s: int(s.rows["rss"].max()), gate=Gate(rel=0.10, abs=64 * MiB),

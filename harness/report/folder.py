@@ -87,7 +87,9 @@ def write_variant(out: Path, frame: pd.DataFrame, summary: Summary,
             requests.to_csv(staging / REQUESTS, index=False)
         if not frame.empty:
             title = f"{summary.scenario} / {summary.variant} ({summary.backend})"
-            budget = (summary.detect or {}).get("unbounded", {}).get("budget")
+            detect = summary.detect or {}  # a scenario's budget, or a recording's
+            budget = (detect.get("unbounded", {}).get("budget")
+                      or detect.get("drift", {}).get("budget"))
             plot_variant(frame, summary.findings, title, staging / "memory.png", budget=budget,
                          requests=requests)
         (staging / "summary.json").write_text(summary.to_json())

@@ -165,18 +165,22 @@ def _draw_server(frame: pd.DataFrame, findings: list[Finding], title: str, budge
     ax.fill_between(xs, low, high, color="tab:blue", alpha=0.25, linewidth=0,
                     label=f"in flight: lowest active to highest peak, per {_width(span, count)}")
     rest = _at_rest(frame, at)
-    ax.plot(rest["time"], (rest["active"] - base) / mib, color="tab:blue", marker="o",
-            markersize=2.5, linewidth=1.2, label="MLX active at rest")
     each = frame.groupby(at).max(numeric_only=True)
+    if len(rest) < 2:  # a recorded process, never at rest: memory as it stood, per bucket
+        _over_time(ax, frame.groupby(at)[["active", "rss"]].last(), edges, base,
+                   frame["rss"].iloc[0])
+    else:
+        ax.plot(rest["time"], (rest["active"] - base) / mib, color="tab:blue", marker="o",
+                markersize=2.5, linewidth=1.2, label="MLX active at rest")
+        ax.plot(rest["time"], (rest["rss"] - frame["rss"].iloc[0]) / mib, color="tab:gray",
+                alpha=0.7, linewidth=1, label="process RSS at rest")
     ax.plot(*_flat(edges, each["logical"] / mib), color="tab:green", linestyle="--",
             label="logical (components' nbytes)")
     _limits(ax, _by_bucket(each, edges), "time", budget)
     if (frame["minimum"] > 0).any():
         ax.plot(*_flat(edges, each["minimum"] / mib), color="black", linestyle=":",
                 label="analytic minimum")
-    ax.plot(rest["time"], (rest["rss"] - frame["rss"].iloc[0]) / mib, color="tab:gray",
-            alpha=0.7, linewidth=1, label="process RSS at rest")
-    ticks = _requests_in(frame) <= MAX_TICKS
+    ticks = 0 < _requests_in(frame) <= MAX_TICKS
     if ticks:
         _request_ticks(ax, frame, "time")
     _markers(ax, frame, findings, "time")
@@ -187,6 +191,16 @@ def _draw_server(frame: pd.DataFrame, findings: list[Finding], title: str, budge
         below.set_xlabel(xlabel)
         fig.tight_layout()
     return fig
+
+
+def _over_time(ax: Axes, last: pd.DataFrame, edges: np.ndarray, base: int, rss: int) -> None:
+    """MLX active and RSS as each bucket's last sample: a process with no samples at rest
+    (`kvmem record`) is read by its trend over time."""
+    mib = 2**20
+    ax.plot(*_flat(edges, (last["active"] - base) / mib), color="tab:blue", linewidth=1.2,
+            label="MLX active")
+    ax.plot(*_flat(edges, (last["rss"] - rss) / mib), color="tab:gray", alpha=0.7,
+            linewidth=1, label="process RSS")
 
 
 def _server_figure(latency: bool) -> tuple[Figure, Axes, Axes | None]:

@@ -203,9 +203,11 @@ class ServerEngine:
             self.probe.add(sample._replace(time=sample.time - self._origin), minimum=minimum)
             self._last = (sample.logical, sample.entries)
 
-    def _at_rest(self, when: str) -> None:
+    def _at_rest(self, when: str, request: int | None = None) -> None:
+        """A sample at rest; `request`, the last request sent, where no mark has said it."""
+        where = {} if request is None else {"request": request, "turn": -1}
         self._command({"op": "idle", "cycles": self.spec.sampling.find_cycles,
-                       "settle": self.server.settle}, when)
+                       "settle": self.server.settle, **where}, when)
         last = self.probe.last()
         assert last is not None, "an idle command answers with its sample"
         with self._lock:
@@ -219,15 +221,19 @@ class ServerEngine:
 
     # -- traffic ------------------------------------------------------------------------------
 
-    def _call(self, port: int, call: traffic.Call) -> None:
-        """One request, bracketed by samples; its times go to the probe's request log."""
+    def _call(self, port: int, call: traffic.Call, marked: bool = True) -> None:
+        """One request, bracketed by samples where `marked`; its times go to the probe's
+        request log. Open-loop traffic marks none: at hundreds of requests a second, two
+        samples a request would cost the server more than its requests (a round trip to the
+        agent each), and the agent's samples on its period show memory in flight."""
         if call.session is not None and call.turn > 0 and not call.session.wait_for(
                 call.turn, self.server.request_timeout):
             raise self._running.failure(f"request {call.index}: the turn before it in its "
                                         f"session did not end within "
                                         f"{self.server.request_timeout:g} s")
         where = {"request": call.index, "turn": call.turn}
-        self._command({"op": "mark", **where}, f"at the start of request {call.index}")
+        if marked:
+            self._command({"op": "mark", **where}, f"at the start of request {call.index}")
         sent = time.monotonic()
         try:
             reply = traffic.send(HOST, port, call, self.server.request_timeout,
@@ -242,9 +248,10 @@ class ServerEngine:
         done = time.monotonic()
         if call.session is not None:
             call.session.end_turn()
-        self._command({"op": "mark", **where,
-                       "tokens": reply.prompt_tokens + reply.completion_tokens},
-                      f"at the end of request {call.index}")
+        if marked:
+            self._command({"op": "mark", **where,
+                           "tokens": reply.prompt_tokens + reply.completion_tokens},
+                          f"at the end of request {call.index}")
         with self._lock:
             origin = self._origin or 0.0
             self.probe.request(call.index, sent - origin,
@@ -362,18 +369,20 @@ class ServerEngine:
         start = time.monotonic()
         rest_due = start + self.http.rest_every
         pending: set[Future] = set()
-        sent = 0
+        sent, last = 0, -1  # requests sent, and the index of the last
         with ThreadPoolExecutor(OPEN_LOOP_CLIENTS, thread_name_prefix="kvmem-client") as pool:
             try:
                 for offset, call in arrivals:
                     if self._done(sent):
                         break
-                    while (now := time.monotonic()) < start + offset:
+                    while True:  # a rest when due, even while arrivals are late
+                        now = time.monotonic()
                         if now >= rest_due:
-                            paused = self._rest_pause(pending, f"after request {sent - 1}")
-                            start += paused
+                            start += self._rest_pause(pending, last)
                             rest_due = time.monotonic() + self.http.rest_every
                             continue
+                        if now >= start + offset:
+                            break
                         time.sleep(min(start + offset - now, rest_due - now, 0.05))
                         pending = _settled(pending)
                         self._running.check_alive(f"before request {call.index}")
@@ -382,18 +391,19 @@ class ServerEngine:
                         self._queued += 1
                         wait(pending, return_when=FIRST_COMPLETED)
                         pending = _settled(pending)
-                    pending.add(pool.submit(self._call, port, call))
-                    sent += 1
-                self._rest_pause(pending, f"after request {sent - 1}")
+                    pending.add(pool.submit(self._call, port, call, False))
+                    sent, last = sent + 1, call.index
+                self._rest_pause(pending, last)
             except BaseException:
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
 
-    def _rest_pause(self, pending: set[Future], when: str) -> float:
-        """Let the requests in flight end, sample at rest: the seconds it took."""
+    def _rest_pause(self, pending: set[Future], request: int) -> float:
+        """Let the requests in flight end, sample at rest (after `request`, the last sent):
+        the seconds it took."""
         began = time.monotonic()
         _settled(set(wait(pending).done))
-        self._at_rest(when)
+        self._at_rest(f"after request {request}", request)
         return time.monotonic() - began
 
     @property
