@@ -24,9 +24,10 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
-from ..scenario import ScenarioSpec, Variant
+from ..scenario import ScenarioSpec, Variant, trace
 from . import isolation
 
 T = TypeVar("T")
@@ -134,8 +135,11 @@ def planned_steps(spec: ScenarioSpec) -> int:
     (requests, for a server)."""
     workload = spec.workload
     chunk = workload.prefill_chunk
-    if workload.http is not None:  # a server's progress counts requests
-        return workload.http.requests()
+    if workload.http is not None:  # a server's progress counts requests (a pass of them)
+        http = workload.http
+        if http.trace is not None:
+            return len(trace.read(Path(http.trace)))
+        return min(http.requests(), http.max_requests or http.requests())
     if workload.chat is not None:
         chat = workload.chat
         return chat.turns * (math.ceil(chat.user / chunk) + chat.model + 1) + 1

@@ -54,6 +54,7 @@ REPLY_SLACK = 30.0  # seconds the agent may take beyond its settle time to answe
 # beyond it waits for one to end, and the run's summary counts how often that happened.
 OPEN_LOOP_CLIENTS = 256
 NOTE_EVERY = 1.0  # seconds between progress notes
+DRAIN_EVERY = 1.0  # open loop: seconds between two drains of the agent's samples in flight
 
 
 def interpreter(server: ServerSpec) -> str | None:
@@ -370,6 +371,7 @@ class ServerEngine:
         rest_due = start + self.http.rest_every
         pending: set[Future] = set()
         sent, last = 0, -1  # requests sent, and the index of the last
+        drained = start
         with ThreadPoolExecutor(OPEN_LOOP_CLIENTS, thread_name_prefix="kvmem-client") as pool:
             try:
                 for offset, call in arrivals:
@@ -381,6 +383,9 @@ class ServerEngine:
                             start += self._rest_pause(pending, last)
                             rest_due = time.monotonic() + self.http.rest_every
                             continue
+                        if now >= drained + DRAIN_EVERY:  # memory in flight, for the note
+                            self._command({"op": "rows"}, "while requests were in flight")
+                            drained = now
                         if now >= start + offset:
                             break
                         time.sleep(min(start + offset - now, rest_due - now, 0.05))

@@ -148,7 +148,9 @@ def _supervise(variants: list[Variant], progress: Progress, scheduler: Scheduler
     """Run variant `index` in its child, with its own bar, admitted by the scheduler."""
     variant = variants[index]
     # One job: the bar's clock runs from the spawn, as ever; several: from the admission.
-    task = progress.add_task(variant.label, total=planned_steps(variant.spec),
+    http = variant.spec.workload.http
+    soak = http is not None and http.duration is not None  # requests until a time: no total
+    task = progress.add_task(variant.label, total=None if soak else planned_steps(variant.spec),
                              start=scheduler.jobs == 1)
     admit = partial(_admit, scheduler, progress, task, index, variant.label)
     try:
