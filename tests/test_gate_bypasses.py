@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from tests import test_gate_pr as scratch
 from tests.test_gate_pr import AFTER, FILE, commit, edit, failing, gate, git
@@ -241,3 +241,26 @@ def test_what_a_scenario_asks_is_read_whole_and_quietly():
                      lambda f: (root / f).read_bytes(), notes, "head")
     assert notes == []
     assert found[("qwen3_8b_growth", "kvcache")]["expect"]["spike"] == {"max_ratio": 2.2}
+
+
+def test_a_trace_edited_by_the_pull_request_is_a_change_to_what_is_measured(tmp_path):
+    """The requests a scenario replays live in its trace file: the judge reads the file on each
+    side and names it with a digest of its bytes, so editing the trace is listed as editing the
+    phases would be."""
+    from harness.gate.definition import differences, read
+
+    scenario = (b"name: replay\nengine: server\nmodel: qwen3-tiny\n"
+                b"workload: {http: {trace: traces/t.jsonl, rate: 2/s}}\n")
+    base = {"scenarios/replay.yaml": scenario, "scenarios/traces/t.jsonl": b'{"prompt": "a"}\n'}
+    head = {**base, "scenarios/traces/t.jsonl": b'{"prompt": "a much longer prompt"}\n'}
+    sides = [read([PurePosixPath("scenarios/replay.yaml")],
+                  lambda f, files=files: files.get(str(f)), [], side)
+             for files, side in ((base, "base"), (head, "head"))]
+    old, new = (side[("replay", "default")] for side in sides)
+    ((field, before, after),) = differences(old, new)
+    assert field == "workload.http.trace"
+    assert before.startswith('"scenarios/traces/t.jsonl (sha256 ') and before != after
+    gone = read([PurePosixPath("scenarios/replay.yaml")],
+                lambda f: scenario if str(f).endswith(".yaml") else None, [], "head")
+    assert gone[("replay", "default")]["workload"]["http"]["trace"] == \
+        "scenarios/traces/t.jsonl (missing)"

@@ -11,6 +11,7 @@ defined exactly as a removed one under a new name is known as a rename.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable
@@ -44,8 +45,21 @@ def read(files: Iterable[PurePosixPath], source: Callable[[PurePosixPath], bytes
             notes.append(f"{side}: {clip(str(exc), 300)}")
             continue
         for name, spec in specs.items():
-            found[(spec.name, name)] = spec.model_dump(mode="json", exclude={"name", "description"})
+            dumped = spec.model_dump(mode="json", exclude={"name", "description"})
+            found[(spec.name, name)] = _traced(dumped, source)
     return found
+
+
+def _traced(dumped: dict, source: Callable[[PurePosixPath], bytes | None]) -> dict:
+    """A replayed trace named with a digest of its bytes on the same side: the requests are
+    in that file, not in the scenario's, and a pull request that edits them changes what is
+    measured as surely as one that edits the phases."""
+    http = (dumped.get("workload") or {}).get("http") or {}
+    if http.get("trace"):
+        data = source(PurePosixPath(os.path.normpath(http["trace"])))
+        digest = "missing" if data is None else f"sha256 {hashlib.sha256(data).hexdigest()[:16]}"
+        http["trace"] = f"{http['trace']} ({digest})"
+    return dumped
 
 
 def repository_path(recorded: str | None, top: Path) -> PurePosixPath | None:
