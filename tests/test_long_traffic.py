@@ -255,3 +255,35 @@ def test_a_wedged_server_under_open_loop_traffic_is_named_within_the_timeout(tmp
     assert "the server stopped completing requests at request 2; its port still answers " \
            "(GET /v1/models answers HTTP 200): no reply within 2 s" in str(raised.value)
     assert not servers()
+
+
+def test_kvmem_run_replays_a_trace_and_shows_its_latency(tmp_path, model_path):
+    """End to end: the report folder holds each request's times beside the samples, and
+    `kvmem show` says the traffic's latency."""
+    write_trace(tmp_path / "t.jsonl", [
+        {"messages": [{"role": "user", "content": "one two three"}], "session": "s",
+         "max_tokens": 3, "stream": True},
+        {"messages": [{"role": "user", "content": "four"}], "session": "s", "max_tokens": 2}])
+    scenario = {"name": "replay", "engine": "server", "model": {"path": model_path},
+                "server": {"command": f"{{python}} -m fake_server --port {{port}} --entry {ENTRY}",
+                           "env": {"PYTHONPATH": str(FIXTURES)},
+                           "logical": "fake_store:Store.nbytes", "settle": 0.05},
+                "workload": {"http": {"trace": "t.jsonl", "rate": "20/s"}}}
+    (tmp_path / "replay.yaml").write_text(yaml.safe_dump(scenario))
+    out = tmp_path / "out"
+    env = {**os.environ, "COLUMNS": "300"}
+    done = subprocess.run([sys.executable, "-m", "harness", "run", str(tmp_path / "replay.yaml"),
+                           "--out", str(out)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    folder = out / "replay" / "default"
+    assert {"samples.csv", "requests.csv", "memory.png", "summary.json"} <= {
+        p.name for p in folder.iterdir()}
+    lines = (folder / "requests.csv").read_text().splitlines()
+    assert lines[0] == "request,sent,first,done,prompt_tokens,completion_tokens,status"
+    assert [line.split(",")[-1] for line in lines[1:]] == ["ok", "ok"]
+    shown = subprocess.run([sys.executable, "-m", "harness", "show", str(folder)],
+                           capture_output=True, text=True, env=env, timeout=60)
+    assert "replay/default: 2 requests; latency " in shown.stdout
+    assert " s median, " in shown.stdout and "first token " in shown.stdout
+    assert not servers()

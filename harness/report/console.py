@@ -89,11 +89,34 @@ def details(console: Console, summaries: list[Summary]) -> None:
                           f"({escape(str(s.model.engine))}, {escape(str(s.model.layers))} layers): "
                           f"weights {mib(s.model.weights, 1)} MiB, KV minimum "
                           f"{mib(s.metrics.get('minimum'), 1)} MiB")
+        traffic = _traffic(s)
+        if traffic:
+            console.print(f"  {label}: {escape(traffic)}", highlight=False)
         if s.store_stats:
             console.print(f"  {label}: store "
                           + escape(", ".join(f"{k} {v}" for k, v in s.store_stats.items())))
         if s.noise_block is not None:
             console.print(noise([s]))
+
+
+def _traffic(s: Summary) -> str | None:
+    """A server's traffic in a line: requests, latency, and why it ended early, if it did."""
+    model = s.model
+    if model is None or model.requests is None:
+        return None
+    words = [f"{model.requests} requests"]
+    latency = model.latency
+    if latency is not None and latency.total_p50_s is not None:
+        words.append(f"latency {latency.total_p50_s:g} s median, {latency.total_p95_s:g} s at "
+                     f"the 95th percentile, {latency.total_max_s:g} s at most")
+    if latency is not None and latency.ttft_p50_s is not None:
+        words.append(f"first token {latency.ttft_p50_s:g} s median, {latency.ttft_p95_s:g} s "
+                     "at the 95th percentile")
+    if model.queued:
+        words.append(f"{model.queued} arrivals waited for a free client")
+    if model.stopped:
+        words.append(f"ended early: {model.stopped}")
+    return "; ".join(words)
 
 
 def noise(summaries: list[Summary]) -> Table:
