@@ -105,8 +105,10 @@ def test_a_scenario_with_a_bad_trace_is_bad_input_exit_2(tmp_path, model_path):
     ({"trace": "t.jsonl", "phases": [{"kind": "distinct", "requests": 1, "words": 2}]},
      "expected exactly one of phases"),
     ({"trace": "t.jsonl", "rate": "2/d"}, "expected an arrival rate such as 2/s"),
-    ({"trace": "t.jsonl", "rate": 0}, "more than zero and at most 10,000 a second"[:20]),
-    ({"trace": "t.jsonl", "duration": "forever"}, "expected a duration such as 90"),
+    ({"trace": "t.jsonl", "rate": 0},
+     "expected an arrival rate such as 2/s, 90/m or 500/h (a second), more than zero and at "
+     "most 10,000"),
+    ({"trace": "t.jsonl", "duration": "forever"}, "expected a duration in seconds such as 90"),
     ({"rate": "1/s", "phases": [{"kind": "distinct", "requests": 1, "words": 2},
                                 {"kind": "idle", "seconds": 1}]},
      "open-loop arrivals and idle phases do not mix"),

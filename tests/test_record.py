@@ -228,7 +228,7 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str,
 @pytest.mark.parametrize(("option", "value", "message"), [
     ("--budget", "12 parsecs", "unknown unit 'parsecs'"),
     ("--max-growth", "fast", "expected a size in bytes"),
-    ("--duration", "ten minutes", "expected a duration such as 90, '90s', '30m' or '2h'"),
+    ("--duration", "ten minutes", "expected a duration in seconds such as 90, '90s', '30m' or '2h'"),
     ("--period", "0.001", "expected 0.01 to 60 seconds"),
 ])
 def test_a_bad_option_value_is_refused_before_anything_runs(

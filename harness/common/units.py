@@ -7,6 +7,7 @@ bytes (8 PiB).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from fractions import Fraction
 from typing import Annotated, Any
 
@@ -44,26 +45,40 @@ Size = Annotated[int, BeforeValidator(parse_size)]
 _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(s|m|h|)\s*$", re.ASCII)
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
 MAX_DURATION = 7 * 86_400.0  # a week
+_PER = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*/\s*(s|m|h)\s*$", re.ASCII)
+MAX_PER_SECOND = 10_000.0
+
+
+def _scaled(value: Any, pattern: re.Pattern[str], scale: Callable[[float, str], float],
+            expected: str, most: float) -> float:
+    """A number, or a string `pattern` reads as a number and a unit, scaled by its unit: more
+    than zero, `most` at most."""
+    number: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str) and len(value) <= 32 and (match := pattern.match(value)):
+        number = scale(float(match.group(1)), match.group(2))
+    if number is None or not 0 < number <= most:
+        raise ValueError(f"{expected}, more than zero and at most {most:,g}")
+    return number
 
 
 def parse_duration(value: Any) -> float:
-    """Seconds from a number or a string such as `90s`, `30m` or `2h` (more than zero, a
-    week at most)."""
-    expected = "expected a duration such as 90, '90s', '30m' or '2h'"
-    if isinstance(value, bool):
-        raise ValueError(expected)
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    elif isinstance(value, str) and len(value) <= 32 and (match := _DURATION.match(value)):
-        seconds = float(match.group(1)) * _SECONDS[match.group(2)]
-    else:
-        raise ValueError(expected)
-    if not 0 < seconds <= MAX_DURATION:
-        raise ValueError(f"{expected}, more than zero and at most a week")
-    return seconds
+    """Seconds from a number or a string such as `90s`, `30m` or `2h` (a week at most)."""
+    return _scaled(value, _DURATION, lambda n, unit: n * _SECONDS[unit],
+                   "expected a duration in seconds such as 90, '90s', '30m' or '2h'",
+                   MAX_DURATION)
+
+
+def parse_per_second(value: Any) -> float:
+    """Events a second from `2/s`, `90/m`, `500/h` or a number (a second)."""
+    return _scaled(value, _PER, lambda n, unit: n / _SECONDS[unit],
+                   "expected an arrival rate such as 2/s, 90/m or 500/h (a second)",
+                   MAX_PER_SECOND)
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+PerSecond = Annotated[float, BeforeValidator(parse_per_second)]
 
 
 BINARY_UNITS = (("B", 1), ("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30))

@@ -12,7 +12,7 @@ from pydantic import BeforeValidator, Discriminator, Field, model_validator
 
 from ..common.echo import echo
 from ..common.strict import Strict
-from ..common.units import Duration
+from ..common.units import Duration, PerSecond
 
 MAX_REQUESTS = 100_000
 MAX_WORDS = 1_000_000
@@ -24,28 +24,6 @@ Words = Annotated[int, Field(strict=True, ge=1, le=MAX_WORDS)]
 Clients = Annotated[int, Field(strict=True, ge=1, le=MAX_CLIENTS)]
 Tokens = Annotated[int, Field(strict=True, ge=1, le=MAX_REQUESTS)]
 Seconds = Annotated[float, Field(strict=True, gt=0.0, le=MAX_SECONDS, allow_inf_nan=False)]
-MAX_RATE = 10_000.0  # requests a second
-_RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*/\s*(s|m|h)\s*$", re.ASCII)
-_PER = {"s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def _check_rate(value: object) -> float:
-    """Requests a second from `2/s`, `90/m`, `500/h` or a number (a second)."""
-    expected = "expected an arrival rate such as 2/s, 90/m or 500/h"
-    if isinstance(value, bool):
-        raise ValueError(expected)
-    if isinstance(value, (int, float)):
-        rate = float(value)
-    elif isinstance(value, str) and len(value) <= 32 and (match := _RATE.match(value)):
-        rate = float(match.group(1)) / _PER[match.group(2)]
-    else:
-        raise ValueError(f"{expected}, got {echo(value)}")
-    if not 0 < rate <= MAX_RATE:
-        raise ValueError(f"{expected}: more than zero and at most {MAX_RATE:g} a second")
-    return rate
-
-
-Rate = Annotated[float, BeforeValidator(_check_rate)]
 
 # The server kvmem starts by default: mlx-lm's, on the generated model, on a free port. Started
 # as `python -m mlx_lm server` (mlx-lm's own advice; `-m mlx_lm.server` is deprecated), so its
@@ -282,7 +260,7 @@ class HttpSpec(Strict):
     # A JSON-lines file of requests, relative to the scenario file (harness.scenario.trace).
     trace: Annotated[str, Field(strict=True, min_length=1)] | None = None
     # Open-loop arrivals: requests a second, drawn as a Poisson process (or evenly spaced).
-    rate: Rate | None = None
+    rate: PerSecond | None = None
     arrivals: Literal["poisson", "even"] = "poisson"
     duration: Duration | None = None
     max_requests: Requests | None = None
