@@ -289,3 +289,24 @@ def test_kvmem_run_replays_a_trace_and_shows_its_latency(tmp_path, model_path):
     assert "replay/default: 2 requests; latency " in shown.stdout
     assert " s median, " in shown.stdout and "first token " in shown.stdout
     assert not servers()
+
+
+def test_a_long_run_in_a_log_prints_its_note_once_a_minute(monkeypatch):
+    """Where no bar is drawn (CI), a server's note (time, memory, breaches) is a line a minute."""
+    import io
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from harness.run import suite
+
+    out = io.StringIO()
+    progress = Progress(console=Console(file=out))
+    task = progress.add_task("soak/default", total=None)
+    clock = iter([0.0, 30.0, 61.0, 90.0, 122.0])
+    monkeypatch.setattr(suite.time, "monotonic", lambda: next(clock))
+    for served in range(5):
+        suite._advance(progress, task, "soak/default", served, f"[{served} s]")
+    suite._advance(progress, task, "soak/default", 5)  # no note: nothing printed
+    assert out.getvalue().splitlines() == ["soak/default: 2 requests [2 s]",
+                                           "soak/default: 4 requests [4 s]"]

@@ -207,7 +207,6 @@ def overlays(frames: Iterable[tuple[str, str, pd.DataFrame]], out: Path,
 
 
 LOG_EVERY = 60.0  # seconds between a long run's progress lines where no bar is drawn (CI logs)
-_logged: dict[TaskID, float] = {}
 
 
 def _advance(progress: Progress, task: TaskID, label: str, steps: int, note: str = "") -> None:
@@ -216,10 +215,12 @@ def _advance(progress: Progress, task: TaskID, label: str, steps: int, note: str
     if not note:
         progress.update(task, completed=steps)
         return
-    progress.update(task, completed=steps, description=f"{label} {note}")
     now = time.monotonic()
-    if not progress.console.is_terminal and now - _logged.setdefault(task, now) >= LOG_EVERY:
-        _logged[task] = now
+    fields = next(shown.fields for shown in progress.tasks if shown.id == task)
+    logged = fields.setdefault("logged", now)
+    progress.update(task, completed=steps, description=f"{label} {note}")
+    if not progress.console.is_terminal and now - logged >= LOG_EVERY:
+        progress.update(task, logged=now)
         progress.console.print(f"{label}: {steps} requests {note}", highlight=False, markup=False)
 
 
