@@ -118,6 +118,8 @@ FIGURES: dict[str, Callable[[], list[str]]] = {
         f"{_mib(_metric('mlx_lm_versions', 'mlx_lm_0_31_3', 'steady'), 1)} MiB and "
         f"{_mib(_metric('mlx_lm_versions', 'mlx_lm_0_32_2', 'steady'), 1)} MiB, "
         f"{_mib(_metric('mlx_lm_versions', 'mlx_lm_0_32_2', 'retained'), 1)} MiB of it"],
+    "mlx_lm_server_trace.yaml": lambda: [
+        f"settles at {_mib(_metric('mlx_lm_server_trace', 'default', 'steady'), 1)} MiB"],
     "canaries.yaml": lambda: [
         f"`leak` {_mib(_found('canaries', 'broken_eviction', 'leak')['bytes'])} MiB per request",
         f"`unbounded` {_mib(_found('canaries', 'no_limit', 'unbounded')['bytes'])} MiB per request "
