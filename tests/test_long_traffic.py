@@ -72,8 +72,7 @@ def test_a_bad_line_is_named_by_its_number(tmp_path, line, message):
                     + line + "\n")
     with pytest.raises(TraceError) as raised:
         read(path)
-    assert str(raised.value) == f"{path}: {message}" or message in str(raised.value)
-    assert str(raised.value).startswith(f"{path}: line 2: ")
+    assert str(raised.value).startswith(f"{path}: {message}")
 
 
 def test_an_empty_or_missing_trace_is_refused(tmp_path):
@@ -228,9 +227,9 @@ def test_a_soak_starts_the_traffic_over_until_its_duration(tmp_path, model_path)
     assert len(probe.requests()) == served
     capped = fake_spec(model_path, {"trace": str(trace), "rate": "30/s", "duration": "60s",
                                     "max_requests": 7})
-    engine, _ = serve(capped, tmp_path / "capped" if (tmp_path / "capped").mkdir() is None
-                      else tmp_path)
-    assert engine.facts().requests == 7
+    (tmp_path / "capped").mkdir()
+    engine, probe = serve(capped, tmp_path / "capped")
+    assert engine.facts().requests == 7 and probe.requests()["request"].tolist() == list(range(7))
 
 
 def test_fail_fast_ends_the_traffic_at_the_first_rest_over_the_budget(tmp_path, model_path):

@@ -28,6 +28,8 @@ def test_spooled_rows_hold_one_block_and_the_file_holds_the_rest(tmp_path):
     assert len(kept._block) == 4                      # never grown
     assert len(read(spool, PAIR)) == 8                # two full blocks spilled
     assert kept.last()["i"] == 9 and len(kept) == 10
+    kept.spill()
+    assert kept.last()["i"] == 9  # the block is empty: the last row spilled, not a file read
     kept.close()
     assert read(spool, PAIR)["i"].tolist() == list(range(10))
 

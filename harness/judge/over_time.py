@@ -4,8 +4,9 @@ the `drift` detector and the least-squares line it fits.
 A recorded process has no requests and no samples at rest, only samples on the agent's period
 ("serve"), so the detectors of steps and of memory at rest have nothing to read there. What can
 be read is the trend: MLX active memory (and RSS) against time. A run that has request
-boundaries or samples at rest (every scenario's) is left to those detectors: drift never reads
-it, so one cause is never reported twice.
+boundaries, or three samples at rest or more, is left to those detectors: drift never reads
+it, so one cause is never reported twice. (A server's open-loop run marks no request; one too
+short to rest three times is read as a recording is.)
 
 drift      over the samples on the period ("serve"), on a run with no "request" sample and
            fewer than 3 at rest: the least-squares line of a − a_0 against time, slope σ

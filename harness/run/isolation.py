@@ -147,9 +147,11 @@ def execute(variant: Variant, on_step: Callable[[int, str], None] | None = None,
     try:
         with Child(_child, variant, last_step, note, spool, grace=30,
                    name=f"kvmem {variant.label}") as child:
-            message, ended, wall = _watch(child, timeout, admit, stop,
-                                          lambda: on_step and on_step(last_step.value,
-                                                                      note.value.decode()))
+            def shown() -> None:  # a note cut mid-character by NOTE_BYTES reads on
+                if on_step is not None:
+                    on_step(last_step.value, note.value.decode("utf-8", "replace"))
+
+            message, ended, wall = _watch(child, timeout, admit, stop, shown)
         rows, requests = read(spool / SAMPLES_SPOOL, ROW), read(spool / REQUESTS_SPOOL, REQUEST)
     finally:
         shutil.rmtree(spool, ignore_errors=True)
@@ -159,7 +161,7 @@ def execute(variant: Variant, on_step: Callable[[int, str], None] | None = None,
 
 def _watch(child: Child, timeout: float, admit: Callable[[int], str | None],
            stop: threading.Event | None,
-           shown: Callable[[], object]) -> tuple[dict | None, str | None, float]:
+           shown: Callable[[], None]) -> tuple[dict | None, str | None, float]:
     """Wait for the child's outcome, answering its estimate, showing its progress (`shown`),
     killing it on timeout or `stop`: its last message, why it was killed (None if it was not)
     and the seconds it served."""

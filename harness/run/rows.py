@@ -29,6 +29,7 @@ class Rows:
         self._spool = spool
         self._fd: int | None = None
         self._spilled_at = time.monotonic()
+        self._tail: np.void | None = None  # the last row spilled, while the block is empty
         if spool is not None:
             self._fd = os.open(spool, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
 
@@ -48,6 +49,7 @@ class Rows:
         self._spilled_at = time.monotonic()
         if self._fd is None or not self._n:
             return
+        self._tail = self._block[self._n - 1].copy()
         data = self._block[: self._n].tobytes()
         written = 0
         while written < len(data):
@@ -60,11 +62,7 @@ class Rows:
 
     def last(self) -> np.void | None:
         """The latest row, or None before the first."""
-        if self._n:
-            return self._block[self._n - 1]
-        if self._spilled and self._spool is not None:
-            return read(self._spool, self.dtype)[-1]
-        return None
+        return self._block[self._n - 1] if self._n else self._tail
 
     def all(self) -> np.ndarray:
         """Every row, in order (read back from the spool file where there is one)."""

@@ -116,7 +116,7 @@ class ServerEngine:
         self._ended_early: str | None = None  # why the traffic stopped before its end
         self._noted = 0.0
         self._queued = 0  # open-loop arrivals that waited for a free client
-        self._base = 0  # MLX active bytes at the baseline
+        self._base: int | None = None  # MLX active bytes at the baseline
         self._agent_s = 0.0  # seconds the agent has spent sampling, in all
         self._rest: dict[str, float] | None = None  # the last sample at rest: time, active, ...
 
@@ -211,14 +211,15 @@ class ServerEngine:
                        "settle": self.server.settle, **where}, when)
         last = self.probe.last()
         assert last is not None, "an idle command answers with its sample"
+        rest = {name: float(last[name]) for name in ("time", "active", "logical", "cap", "rss")}
         with self._lock:
             self.probe.spill()
-            self._rest = {name: float(last[name]) for name in ("time", "active", "logical", "cap")}
-        if self._base == 0:
-            self._base = int(last["active"])
+            self._rest = rest
+        if self._base is None:
+            self._base = int(rest["active"])
         with contextlib.suppress(psutil.Error):  # RSS read from outside, beside the agent's
             outside = psutil.Process(self._running.pid).memory_info().rss
-            self._rss_gap = max(self._rss_gap, abs(outside - int(last["rss"])))
+            self._rss_gap = max(self._rss_gap, abs(outside - int(rest["rss"])))
 
     # -- traffic ------------------------------------------------------------------------------
 
@@ -276,18 +277,19 @@ class ServerEngine:
         with self._lock:
             last, rest = self.probe.last(), self._rest
         parts = [f"{now - self._began:.0f} s"]
+        base = self._base or 0
         if last is not None:
-            parts.append(f"active {format_bytes(int(last['active']) - self._base, signed=True)}")
+            parts.append(f"active {format_bytes(int(last['active']) - base, signed=True)}")
         if rest is not None:
-            parts.append(f"at rest {format_bytes(int(rest['active']) - self._base, signed=True)}")
+            parts.append(f"at rest {format_bytes(int(rest['active']) - base, signed=True)}")
         breach = self._breach()
         parts.append(breach or "nothing over its budget so far")
         self.progress(self._served, "[" + ", ".join(parts) + "]")
 
     def _wedged(self, request: int, answers: str) -> str:
         """A server alive and answering on its port whose request did not complete: when, and
-        the memory it held then (the agent's reading at the request's start; the process's
-        resident memory now, read from outside)."""
+        the memory it held then (the agent's latest reading: a marked request's start; the
+        process's resident memory now, read from outside)."""
         last = self.probe.last()
         held = []
         if last is not None:
@@ -319,8 +321,9 @@ class ServerEngine:
     def _done(self, sent: int) -> bool:
         """The traffic has reached its duration or its count (`max_requests`), or the run its
         first breach of the budget under `fail_fast`."""
-        if self.http.fail_fast and self._breach():
-            self._ended_early = f"fail_fast: {self._breach()}"
+        breach = self._breach() if self.http.fail_fast else None
+        if breach is not None:
+            self._ended_early = f"fail_fast: {breach}"
             return True
         if self.http.max_requests is not None and sent >= self.http.max_requests:
             return True
@@ -344,11 +347,15 @@ class ServerEngine:
                     f"s, over its own cap of {format_bytes(cap)}")
         return None
 
+    @property
+    def _passes(self) -> int | None:
+        """One pass of the traffic, or (a soak, `duration`) as many as the time takes."""
+        return None if self.http.duration is not None else 1
+
     def _closed_loop(self, port: int) -> None:
         """Rounds of `clients` requests, a sample at rest after each (and after each idle
         period)."""
-        passes = None if self.http.duration is not None else 1
-        for step in traffic.plan(self.http, self.spec.sampling.seed, self._lines, passes):
+        for step in traffic.plan(self.http, self.spec.sampling.seed, self._lines, self._passes):
             if self._done(self._served):
                 return
             if isinstance(step, float):
@@ -365,8 +372,8 @@ class ServerEngine:
         `rest_every` seconds the arrivals pause while the requests in flight end, for a sample
         at rest, and the schedule resumes where it stood (the pause does not count as traffic
         time for the schedule)."""
-        passes = None if self.http.duration is not None else 1
-        arrivals = traffic.schedule(self.http, self.spec.sampling.seed, self._lines, passes)
+        arrivals = traffic.schedule(self.http, self.spec.sampling.seed, self._lines,
+                                    self._passes)
         start = time.monotonic()
         rest_due = start + self.http.rest_every
         pending: set[Future] = set()

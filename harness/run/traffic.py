@@ -106,18 +106,22 @@ def plan(http: HttpSpec, seed: int, replayed: list[trace.Line] | None = None,
     """Every round (and idle period) of the traffic, in order, pass after pass (`passes` None:
     without end, for a run that stops on time or count); drawn lazily, so a soak holds one pass
     at a time."""
-    for _, rounds in _passes(http, seed, replayed, passes):
+    for rounds in _passes(http, seed, replayed, passes):
         yield from rounds
 
 
 def _passes(http: HttpSpec, seed: int, replayed: list[trace.Line] | None,
-            passes: int | None) -> Iterator[tuple[int, list[Step]]]:
+            passes: int | None) -> Iterator[list[Step]]:
+    """Each pass's rounds, its requests numbered on from the last pass's."""
     index = 0
     for number in itertools.count() if passes is None else range(passes):
         rounds = (_trace(http, replayed, index) if replayed is not None
                   else _phases(http, seed, number, index))
         index += sum(len(step) for step in rounds if not isinstance(step, float))
-        yield number, rounds
+        yield rounds
+
+
+ARRIVALS = 7  # the arrivals' own stream of the seed, apart from the prompts' draws
 
 
 def schedule(http: HttpSpec, seed: int, replayed: list[trace.Line] | None = None,
@@ -125,9 +129,9 @@ def schedule(http: HttpSpec, seed: int, replayed: list[trace.Line] | None = None
     """Each request with its arrival offset in seconds from the start of the traffic: at
     `rate` (Poisson from the seed, or evenly spaced), else the trace's `at` (a line without
     one arrives with the line before it); a trace's next pass starts where its last ended."""
-    rng = np.random.default_rng([seed, 7])
+    rng = np.random.default_rng([seed, ARRIVALS])
     clock, start, sent = 0.0, 0.0, 0
-    for _, rounds in _passes(http, seed, replayed, passes):
+    for rounds in _passes(http, seed, replayed, passes):
         for step in rounds:
             assert not isinstance(step, float), "the schema keeps idle phases out of open loop"
             for call in step:
@@ -220,6 +224,7 @@ def _trace(http: HttpSpec, replayed: list[trace.Line], first: int) -> list[Step]
 
 
 TOKENS_PER_WORD = 2  # an upper bound for the generated models' tokenizer (one or two a word)
+TEMPLATE_TOKENS = 16  # what the chat template adds around each message, at most
 
 
 def longest_context(http: HttpSpec) -> int:
@@ -236,14 +241,15 @@ def longest_context(http: HttpSpec) -> int:
         else:
             tokens = TOKENS_PER_WORD * phase.words + reply
         longest = max(longest, tokens + 64)  # the chat template's own tokens
-    held: dict[str | None, int] = {}  # a trace's tokens so far, per session
+    held: dict[str, int] = {}  # a trace's tokens so far, per session (its history is resent)
     for line in lines(http) or []:
-        words = sum(len(m["content"].split()) for m in line.messages or ()) + len(
-            (line.prompt or "").split())
-        tokens = held.get(line.session, 0) * (line.session is not None) + TOKENS_PER_WORD * (
-            words + 8 * len(line.messages or ())) + (line.max_tokens or http.max_tokens)
-        held[line.session] = tokens
-        longest = max(longest, tokens + 64)
+        texts = [m["content"] for m in line.messages or ()] + [line.prompt or ""]
+        words = sum(len(text.split()) for text in texts)
+        tokens = (held.get(line.session, 0) if line.session is not None else 0) + (
+            TOKENS_PER_WORD * words + (line.max_tokens or http.max_tokens))
+        if line.session is not None:
+            held[line.session] = tokens
+        longest = max(longest, tokens + TEMPLATE_TOKENS * len(texts))
     return longest
 
 
