@@ -26,6 +26,7 @@ from harness.judge import metrics
 from harness.scenario import ScenarioError
 from harness.scenario import load_variants as load
 from tests import summaries as gate_summaries
+from tests.signals import interruptible
 
 CORPUS = Path(__file__).parent / "data" / "bad_scenarios"
 EXPECTED = json.loads((CORPUS / "EXPECTED.json").read_text(encoding="utf-8"))
@@ -588,8 +589,8 @@ def test_ctrl_c_while_the_command_line_imports_is_one_line_and_130(tmp_path, mod
     path = tmp_path / "tiny.yaml"
     path.write_text(TINY)
     done = subprocess.run([sys.executable, "-c", INTERRUPT_AT_IMPORT, module, "run", str(path),
-                           "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                          cwd=Path(__file__).parent.parent, preexec_fn=interruptible)
     assert done.returncode == 130, done.stderr
     assert "Traceback" not in done.stderr + done.stdout
     assert len(done.stderr.strip().splitlines()) == 1 and "interrupted" in done.stderr

@@ -17,6 +17,7 @@ import pytest
 from harness.cli import main
 from harness.report import folder as report
 from harness.report.folder import reserve
+from tests.signals import interruptible
 
 CRASHES = """
 model:
@@ -229,7 +230,7 @@ def test_the_child_ends_with_its_parent(tmp_path, how):
     parent = subprocess.Popen(
         [sys.executable, "-m", "harness", "run", str(path), "--variant", "hangs",
          "--timeout", "600", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
     children = _variant_processes(parent)
     time.sleep(1)  # let the child get into its work
     parent.send_signal(getattr(signal, how))
