@@ -8,29 +8,46 @@ synthetic K/V shapes and the analytic minimum every measurement is compared agai
 from __future__ import annotations
 
 import copyreg
+import functools
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-import mlx.core as mx
+if TYPE_CHECKING:
+    import mlx.core as mx
 
 KIND_FULL = "full"
 KIND_SLIDING = "sliding"
 KIND_RECURRENT = "recurrent"
 KINDS = (KIND_FULL, KIND_SLIDING, KIND_RECURRENT)
 
-DTYPES = {
-    "float16": mx.float16,
-    "bfloat16": mx.bfloat16,
-    "float32": mx.float32,
-}
+DTYPE_NAMES = ("float16", "bfloat16", "float32")
 
 
-def _dtype(name: str) -> mx.Dtype:
-    return DTYPES[name]
+def mlx_dtype(name: str) -> mx.Dtype:
+    """MLX's dtype of one of `DTYPE_NAMES`. MLX is imported here, not with the module: the gate
+    reads scenarios, and with them presets and geometries, where MLX may not be installed."""
+    import mlx.core as mx
+
+    if name not in DTYPE_NAMES:
+        raise KeyError(name)
+    _pickle_dtypes_by_name()
+    found: mx.Dtype = getattr(mx, name)
+    return found
 
 
-# MLX dtypes do not pickle; geometries cross into spawned children (a variant's run, the check
-# of a user's component), so they travel by name.
-copyreg.pickle(mx.Dtype, lambda d: (_dtype, (next(n for n, t in DTYPES.items() if t == d),)))
+def dtype_name(dtype: mx.Dtype) -> str:
+    """The name in `DTYPE_NAMES` of an MLX dtype."""
+    return next(name for name in DTYPE_NAMES if mlx_dtype(name) == dtype)
+
+
+@functools.cache
+def _pickle_dtypes_by_name() -> None:
+    """MLX dtypes do not pickle (nor deep-copy); geometries cross into spawned children (a
+    variant's run, the check of a user's component), so their dtypes travel by name. Registered
+    with the first dtype a geometry holds, MLX being imported by then."""
+    import mlx.core as mx
+
+    copyreg.pickle(mx.Dtype, lambda d: (mlx_dtype, (dtype_name(d),)))
 
 
 @dataclass(frozen=True)
@@ -45,6 +62,9 @@ class LayerSpec:
     window: int | None = None
     state_bytes: int = 0
     batch: int = 1
+
+    def __post_init__(self) -> None:
+        _pickle_dtypes_by_name()
 
     def token_bytes(self) -> int:
         """Bytes one token adds to this layer for one sequence (K and V)."""
@@ -90,7 +110,7 @@ def build(
     for group in layers:
         group = dict(group)
         count = group.pop("count", 1)
-        layer_dtype = DTYPES[group.pop("dtype", dtype)]
+        layer_dtype = mlx_dtype(group.pop("dtype", dtype))
         for _ in range(count):
             specs.append(LayerSpec(index=len(specs), dtype=layer_dtype, **group))
     return Geometry(name=name, layers=tuple(specs), vocab=vocab)

@@ -17,9 +17,9 @@ from the config: one token is run through the model lazily on fresh caches from 
 and dtypes of unevaluated arrays). KV caches give the layer's KV heads, head dim and dtype,
 `RotatingKVCache` its window, `ArraysCache` (recurrent layers) its state bytes.
 
-mlx-lm (and through it transformers) is imported where a model is built or its caches read,
-never at import: the scenario schema imports this module, and rejecting a bad file must not
-wait seconds for mlx-lm.
+MLX and mlx-lm (and through it transformers) are imported where a model is built or its caches
+read, never at import: the scenario schema imports this module, rejecting a bad file must not
+wait seconds for mlx-lm, and the gate reads scenario files where MLX may not be installed.
 """
 
 from __future__ import annotations
@@ -28,9 +28,6 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import mlx.core as mx
-from mlx.utils import tree_flatten
 
 from ..common.echo import clip
 from . import geometry as geo
@@ -78,7 +75,7 @@ def build(choice: ModelChoice) -> nn.Module:
         config = presets.config(choice.preset, choice.layers, choice.vocab)
         model_class, args_class = _get_classes(config)
         model = model_class(args_class.from_dict(config))
-        model.set_dtype(geo.DTYPES[choice.dtype])
+        model.set_dtype(geo.mlx_dtype(choice.dtype))
     if choice.bits is not None:
         import mlx.nn as nn
 
@@ -93,6 +90,8 @@ def build(choice: ModelChoice) -> nn.Module:
 def _load_failure(folder: Path, exc: Exception) -> str:
     """Why a model folder did not load, naming the weight file MLX refuses if one is: MLX's own
     message for a truncated download ("invalid data offsets") names no file."""
+    import mlx.core as mx
+
     for file in sorted(folder.glob("model*.safetensors")):  # what mlx-lm's load_model reads
         try:
             mx.load(str(file))
@@ -107,6 +106,8 @@ def _first_line(exc: Exception) -> str:
 
 def weights_bytes(model: nn.Module) -> int:
     """Bytes of every parameter (known before evaluation: shapes and dtypes are)."""
+    from mlx.utils import tree_flatten
+
     arrays: Any = tree_flatten(model.parameters())
     return sum(v.nbytes for _, v in arrays)
 
@@ -120,6 +121,8 @@ def make_caches(model: nn.Module) -> list[Any]:
 
 def geometry(model: nn.Module, name: str) -> geo.Geometry:
     """The model's cache geometry, read lazily from one token run on fresh caches."""
+    import mlx.core as mx
+
     caches = make_caches(model)
     logits = model(mx.array([[0]]), cache=caches)
     layers = [_layer(index, cache) for index, cache in enumerate(caches)]
@@ -127,6 +130,7 @@ def geometry(model: nn.Module, name: str) -> geo.Geometry:
 
 
 def _layer(index: int, cache: Any) -> geo.LayerSpec:
+    import mlx.core as mx
     from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
     if isinstance(cache, ArraysCache):
@@ -152,6 +156,8 @@ def _layer(index: int, cache: Any) -> geo.LayerSpec:
 def describe(choice: ModelChoice) -> tuple[geo.Geometry, int]:
     """The geometry and weight bytes of a model choice, without evaluating it (validation and
     the size check call this; the engine builds its own model)."""
+    import mlx.core as mx
+
     mx.random.seed(0)  # the bytes do not depend on the values
     model = build(choice)
     return geometry(model, choice.name), weights_bytes(model)

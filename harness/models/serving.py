@@ -44,17 +44,13 @@ class ServedModel:
 
 
 def _to_json(geometry: geo.Geometry) -> dict[str, Any]:
-    layers = [{**dataclasses.asdict(layer), "dtype": _dtype_name(layer.dtype)}
+    layers = [{**dataclasses.asdict(layer), "dtype": geo.dtype_name(layer.dtype)}
               for layer in geometry.layers]
     return {"name": geometry.name, "vocab": geometry.vocab, "layers": layers}
 
 
-def _dtype_name(dtype: Any) -> str:
-    return next(name for name, known in geo.DTYPES.items() if known == dtype)
-
-
 def _from_json(data: dict[str, Any]) -> geo.Geometry:
-    layers = tuple(geo.LayerSpec(**{**layer, "dtype": geo.DTYPES[layer["dtype"]]})
+    layers = tuple(geo.LayerSpec(**{**layer, "dtype": geo.mlx_dtype(layer["dtype"])})
                    for layer in data["layers"])
     return geo.Geometry(name=data["name"], layers=layers, vocab=data["vocab"])
 
