@@ -28,6 +28,7 @@ import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
 from mlx_lm.models.cache import QuantizedKVCache, _BaseCache
 
+from harness.common.moved import forward
 from harness.components.protocols import with_estimate
 from harness.models.geometry import LayerSpec
 
@@ -330,3 +331,11 @@ def _estimate_bytes(spec: LayerSpec, tokens: int, max_size: int | None = None, *
 def rotating(spec: LayerSpec, max_size: int | None = None, keep: int = 0) -> PreallocatedRotatingKVCache:
     """Factory for `reference.rotating`: `max_size` defaults to the layer's window."""
     return PreallocatedRotatingKVCache(_window(spec, max_size), keep)
+
+
+def __getattr__(name: str) -> Any:
+    """`PreallocatedBatchRotatingKVCache` moved to `reference_impl.rotating_batch`: this path
+    warns, and works until kvmem 0.3.0 removes it. Looked up when used, not imported here,
+    since that module imports this one."""
+    return forward(__name__, name, "reference_impl.rotating_batch",
+                   names=("PreallocatedBatchRotatingKVCache",))

@@ -11,7 +11,8 @@ HARNESS = Path(__file__).resolve().parent.parent / "harness"
 
 # Top to bottom: a module may import its own layer and the layers below it, never one above.
 LAYERS = (
-    ("harness", "harness.__main__", "harness.cli", "harness.pytest_plugin"),  # entry points
+    ("harness", "harness.__main__", "harness.cli", "harness.pytest_plugin",  # entry points,
+     "harness.protocols", "harness.geometry", "harness.units"),  # and moved names' old paths
     ("harness.adopt", "harness.gate"),  # `kvmem init`; the gate reads summaries, never runs
     ("harness.run",),                   # engines, probe, one process per variant, the suite
     ("harness.report",),                # report folders, plots, terminal tables
