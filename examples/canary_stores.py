@@ -13,7 +13,8 @@ Each has a switch between the bug and its fix, so a variant and its clean twin d
   while it is open, so the buffers every request frees stay pooled at rest (`pooled`); null
   leaves the limit as it is.
 
-Loaded by import path, as `examples/leaky_store.py`: run kvmem from the repository root.
+Loaded by import path, as `examples/leaky_store.py`: from the repository root, or from kvmem's
+own copy in any folder.
 """
 
 from __future__ import annotations

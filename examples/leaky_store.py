@@ -5,7 +5,8 @@ inherits the rest of the store protocol (no hits, nothing held outside MLX). Wit
 keeps layer 0's keys of every request and says so in `nbytes`: memory at rest grows by exactly
 those bytes per request, all reported, which `scenarios/import_path_leak.yaml` expects the
 `unbounded` detector to report past its budget (an honest store that never evicts is not a
-leak). Run kvmem from the repository root so that `examples` is importable.
+leak). `examples` is found in the repository root, and in any folder in the copy an installed
+kvmem ships (`harness/shipped/examples`), after a package of your own of that name.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ so an entry the LRU evicts stays alive, unreported by the prompt cache's byte co
 a server's detectors must flag. Without it the wrapper keeps nothing: the clean twin runs the
 same wrapped method, so the two differ only in the fault.
 
-Loaded by import path, as `examples/canary_stores.py`: run kvmem from the repository root.
+Loaded by import path, as `examples/canary_stores.py`: from the repository root, or from kvmem's
+own copy in any folder.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""A wheel carries the bundled scenarios and `kvmem init`'s templates, and outside a checkout
-`kvmem list` falls back to the scenarios.
+"""A wheel carries the bundled scenarios, the example stores some of them name by import path,
+and `kvmem init`'s templates; outside a checkout `kvmem list` falls back to the scenarios, and
+every one of them is valid there.
 
 The wheel is built by pip from a copy of the sources (a build in the tree would leave `build/`
 there) and installed, without its dependencies, into a fresh virtual environment that reads
@@ -25,9 +26,11 @@ from harness.cli import main
 from harness.scenario import packaged
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "harness", "reference_impl", "scenarios")
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", "harness", "reference_impl", "scenarios",
+           "examples")
 SCENARIOS = sorted(p.relative_to(ROOT / "scenarios").as_posix()
                    for p in (ROOT / "scenarios").rglob("*.yaml"))
+EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.py"))
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +49,11 @@ def wheel(tmp_path_factory) -> Path:
     return next(out.glob("kvmem-*.whl"))
 
 
-def test_the_wheel_holds_every_scenario_and_what_init_writes(wheel):
+def test_the_wheel_holds_every_scenario_the_examples_and_what_init_writes(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"harness/bundled/{name}" for name in SCENARIOS} <= names
+    assert {f"harness/shipped/examples/{name}" for name in EXAMPLES} <= names
+    assert not any(name.startswith("examples/") for name in names)  # no top-level `examples`
     assert {f"harness/adopt/templates/{name}" for name in adopt.templates()} <= names
 
 
@@ -70,6 +75,13 @@ def test_kvmem_list_in_an_empty_folder_shows_the_installed_wheels_scenarios(whee
     assert listed.returncode == 0, listed.stderr[-2000:]
     assert f"bundled with kvmem, in {site / 'harness' / 'bundled'}/" in listed.stdout
     assert "qwen3_8b_growth.yaml" in listed.stdout
+    # canaries.yaml and import_path_leak.yaml name the shipped example stores by import path.
+    assert "import_path_leak.yaml" in listed.stdout and "invalid" not in listed.stdout
+    ran = subprocess.run([str(env / "bin" / "kvmem"), "run", "scenarios/import_path_leak.yaml",
+                          "--variant", "leaky", "--out", "out"], cwd=empty, capture_output=True,
+                         text=True, timeout=300)
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
+    assert (empty / "out" / "import_path_leak" / "leaky" / "summary.json").exists()
 
 
 def test_an_editable_install_lists_the_scenarios_through_the_link(tmp_path, monkeypatch, capsys):

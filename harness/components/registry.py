@@ -5,6 +5,12 @@ A scenario names each component either by a registry name (`mlx_lm.KVCache`,
 their own cache code without touching the harness. mlx-lm's own classes are driven as they are,
 through the small factories in `harness.components.adapters`. Nothing here imports MLX or mlx-lm: a
 scenario is checked against the registry without loading them.
+
+An import path resolves from the working directory, then from the stores kvmem ships as
+examples (`examples/` in a checkout; `harness/shipped/examples`, a link to it, is copied into a
+wheel), so the bundled scenarios that name them run in any folder of an installed kvmem. The
+shipped folder comes last on `sys.path` and `examples` has no `__init__.py`: a package of the
+user's named `examples` is found first, and a folder of theirs merges with it.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from ..common.child import Child, how, import_first
@@ -34,6 +41,8 @@ REGISTRY: dict[str, str] = {
     "mlx_lm.LRUPromptCache": "harness.components.adapters:lru_prompt_cache",
     "adapt.remaining": "harness.components.adapters:remaining",
 }
+# The folder whose `examples` holds the example stores and plugins kvmem ships.
+SHIPPED = str(Path(__file__).resolve().parents[1] / "shipped")
 
 
 class ComponentError(ValueError):
@@ -52,6 +61,8 @@ def resolve(name: str) -> Callable[..., Any]:
     module_name, _, attr = path.partition(":")
     if name in REGISTRY:  # kvmem's own: from its installation, not a `reference_impl/` of the cwd
         import_first()
+    elif SHIPPED not in sys.path:
+        sys.path.append(SHIPPED)
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any import failure is the user's path, not ours

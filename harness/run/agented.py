@@ -25,6 +25,7 @@ from typing import Any
 
 from ..agent import kvmem_agent
 from ..common.child import die_with_parent, how
+from ..components.registry import SHIPPED
 from .engines import RunFailure
 
 AGENT_DIR = Path(kvmem_agent.__file__).parent
@@ -67,8 +68,8 @@ class Agented:
     def _environment(self, address: tuple[str, int], key: bytes) -> dict[str, str]:
         env = dict(self.env)
         paths = [str(AGENT_DIR)]
-        if self.settings.plugins:  # resolved as components are: from the current directory
-            paths.append(os.getcwd())
+        if self.settings.plugins:  # resolved as components are: the current directory, then
+            paths += [os.getcwd(), SHIPPED]  # the examples kvmem ships
         if env.get("PYTHONPATH"):
             paths.append(env["PYTHONPATH"])
         env.update({
