@@ -21,7 +21,7 @@ from harness.run.isolation import execute
 from harness.run.suite import summarize
 from harness.scenario import load_variants
 from harness.scenario.server import ServerSpec
-from tests.test_serve import fake, servers
+from tests.test_serve import ENTRY, fake, servers
 
 ROOT = Path(__file__).resolve().parents[1]
 MLX = md.version("mlx")
@@ -72,6 +72,31 @@ def test_a_complete_environment_is_reused_without_uv_and_a_partial_one_rebuilt(
     calls.clear()
     server_env.environment(server, tmp_path)  # complete: offline, nothing run
     assert calls == []
+
+
+def test_the_servers_interpreter_folder_comes_first_on_path() -> None:
+    python = "/envs/abc/bin/python"
+    assert server_env.activated(python, {"PATH": "/usr/bin:/bin", "HOME": "/h"}) == {
+        "PATH": "/envs/abc/bin:/usr/bin:/bin", "HOME": "/h"}
+    assert server_env.activated(python, {})["PATH"] == f"/envs/abc/bin:{os.defpath}"
+
+
+def test_a_console_script_of_the_servers_environment_starts_it(tmp_path: Path,
+                                                               model_path: str) -> None:
+    """`command: "fake-serve ..."`: a script only the environment's `bin/` holds, run by name
+    as `rapid-mlx serve` is. The environment here is a folder whose `python` runs this one."""
+    bin_dir = tmp_path / "env" / "bin"
+    bin_dir.mkdir(parents=True)
+    scripts = {"python": f'#!/bin/sh\nexec "{sys.executable}" "$@"\n',
+               "fake-serve": '#!/bin/sh\nexec python -m fake_server "$@"\n'}
+    for name, text in scripts.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    scenario = fake(model_path, requests=1, python=str(bin_dir / "python"),
+                    command=f"fake-serve --port {{port}} --entry {ENTRY}")
+    summary = run_variant(tmp_path, scenario)
+    assert summary["status"] == "ok", summary["error"]
+    assert not servers()
 
 
 def test_a_failed_build_fails_its_variant_naming_the_package_and_why(

@@ -45,7 +45,7 @@ from . import traffic
 from .agented import AGENT_DIR, HOST, Agented, AgentSettings, ServerError
 from .engines import RUNTIME_SLACK, Progress
 from .probe import Probe, Sample
-from .server_env import environment
+from .server_env import activated, environment
 
 __all__ = ["AGENT_DIR", "HOST", "ServerEngine", "ServerError", "free_port"]
 
@@ -159,7 +159,7 @@ class ServerEngine:
                 "PYTHONUSERBASE": os.environ.get("PYTHONUSERBASE") or site.getuserbase()}
 
     def _environment(self) -> dict[str, str]:
-        return {**os.environ, **self._home(), **self.server.env}
+        return activated(self.python, {**os.environ, **self._home(), **self.server.env})
 
     def _wait_ready(self, port: int, deadline: float) -> None:
         """The port accepts connections, then a first one-token request completes."""

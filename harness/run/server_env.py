@@ -7,7 +7,9 @@ virtual environment from them with uv under `<KVMEM_CACHE>/envs/<key>`, the key 
 exact requirements, the Python version and the platform. A complete environment holds a record
 (`kvmem-env.json`: what was asked, what was installed) and is reused as it is, offline; one
 being built is locked, so two variants of one suite build it once. A failed build is a
-`ServerEnvError` naming the requirements and the resolver's own message.
+`ServerEnvError` naming the requirements and the resolver's own message. The server's
+command runs with its interpreter's `bin/` first on PATH (`activated`), so a console script of
+the environment starts it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import platform
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from ..common.child import die_with_parent
@@ -51,6 +53,13 @@ def key(server: ServerSpec) -> str:
 
 def python_of(folder: Path) -> Path:
     return folder / "bin" / "python"
+
+
+def activated(python: str, env: Mapping[str, str]) -> dict[str, str]:
+    """`env` with the folder of the server's interpreter first on PATH, as activating its
+    environment would put it: a command that starts with a console script the environment
+    installed (`rapid-mlx serve ...`) finds it there, not elsewhere or nowhere."""
+    return {**env, "PATH": f"{Path(python).parent}{os.pathsep}{env.get('PATH') or os.defpath}"}
 
 
 def installed(folder: Path) -> dict[str, str] | None:
