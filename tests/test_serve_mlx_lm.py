@@ -11,25 +11,13 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-import psutil
 import pytest
 
 from harness.run.suite import run_variants
 from harness.scenario import Variant, load_variants
+from tests.processes import started_under, tagged
 
 SCENARIO = Path(__file__).parent.parent / "scenarios" / "mlx_lm_server.yaml"
-
-
-def mlx_lm_servers() -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter():
-        try:
-            command = " ".join(process.cmdline())
-            if "mlx_lm.server" in command or "mlx_lm server" in command:  # either way started
-                found.append(process)
-        except psutil.Error:
-            pass
-    return found
 
 
 def shortened(variant: Variant, requests: int) -> Variant:
@@ -45,11 +33,11 @@ def shortened(variant: Variant, requests: int) -> Variant:
 @pytest.fixture(scope="module")
 def canaries(tmp_path_factory: pytest.TempPathFactory) -> dict:
     variants = [shortened(v, 8) for v in load_variants(SCENARIO, ["canary_hoard", "canary_clean"])]
-    before = {p.pid for p in mlx_lm_servers()}
     # Side by side: each server waits on its client most of the time, and what is judged is
     # memory at rest, which sharing the cores does not move.
-    summaries = run_variants(variants, tmp_path_factory.mktemp("reports"), jobs=2)
-    left = [p for p in mlx_lm_servers() if p.pid not in before]
+    with tagged() as token:
+        summaries = run_variants(variants, tmp_path_factory.mktemp("reports"), jobs=2)
+    left = started_under(token, "mlx_lm.server", "mlx_lm server")  # either way started
     return {"summaries": {s.variant: s for s in summaries}, "left": left}
 
 

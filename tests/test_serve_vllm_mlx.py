@@ -7,25 +7,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import psutil
 import pytest
 
 from harness.run.suite import run_variants
 from harness.scenario import load_variants
+from tests.processes import started_under, tagged
+
+SERVERS = ("vllm_mlx.cli", "mlx_lm server")
 
 SCENARIOS = Path(__file__).parent.parent / "scenarios"
-
-
-def servers() -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter():
-        try:
-            command = " ".join(process.cmdline())
-        except psutil.Error:
-            continue
-        if "vllm_mlx.cli" in command or "mlx_lm server" in command:
-            found.append(process)
-    return found
 
 
 @pytest.mark.slow
@@ -33,7 +23,9 @@ def test_vllm_mlx_passes_its_expectations_twice_with_the_same_verdicts(tmp_path:
     variants = load_variants(SCENARIOS / "vllm_mlx_server.yaml")
     verdicts = []
     for run in range(2):
-        summaries = run_variants(variants, tmp_path / f"run{run}")
+        with tagged() as token:
+            summaries = run_variants(variants, tmp_path / f"run{run}")
+        assert not started_under(token, *SERVERS)
         assert [(s.variant, s.status, s.passed) for s in summaries] == [
             (v.name, "ok", True) for v in variants]
         verdicts.append({s.variant: sorted({f.kind for f in s.findings} - {"spike"})
@@ -42,14 +34,14 @@ def test_vllm_mlx_passes_its_expectations_twice_with_the_same_verdicts(tmp_path:
     assert verdicts[0] == verdicts[1]
     assert verdicts[0]["cache_memory"] == ["gc_deferred"]
     assert verdicts[0]["trie_stream"] == ["overclaimed"]
-    assert not servers()
 
 
 @pytest.mark.slow
 def test_a_mlx_lm_version_pair_is_one_report(tmp_path: Path) -> None:
-    summaries = run_variants(load_variants(SCENARIOS / "mlx_lm_versions.yaml"), tmp_path)
+    with tagged() as token:
+        summaries = run_variants(load_variants(SCENARIOS / "mlx_lm_versions.yaml"), tmp_path)
     assert {s.variant: s.environment.mlx_lm for s in summaries} == {
         "mlx_lm_0_31_3": "0.31.3", "mlx_lm_0_32_2": "0.32.2"}
     assert all(s.passed for s in summaries)
     assert (tmp_path / "mlx_lm_versions" / "memory.png").exists()  # both, overlaid
-    assert not servers()
+    assert not started_under(token, *SERVERS)
