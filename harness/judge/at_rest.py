@@ -5,6 +5,7 @@ harness.judge.detectors)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
@@ -65,62 +66,110 @@ def leak(frame: pd.DataFrame, t: LeakThresholds, backend: str) -> Finding | None
                      middle=f" after a warm-up of {t.warmup}")
 
 
+def held_at_rest(points: pd.DataFrame, frame: pd.DataFrame) -> pd.Series:
+    """The bytes the components hold at rest: their count, as far as MLX memory confirms it.
+
+    Memory confirms what MLX holds above the baseline b, and of the count the baseline already
+    had (l_0: a cache a server reloaded before its first sample), as much as MLX held in all
+    then (a_0): h = min(l, a − b + min(l_0, a_0)). Claimed is not held: a cache reloaded with a
+    lazy `mx.load` counts arrays MLX has not allocated, a wrong counter counts what it never
+    kept; such a count is `overclaimed`'s (or nothing's), never memory over a budget or a cap.
+    A baseline that holds other memory (a model's weights) can confirm up to that much of a
+    lazily reloaded count: the samples cannot tell those bytes apart.
+    """
+    import numpy as np
+
+    base = frame.iloc[0]
+    confirmed = min(base["logical"], base["active"])
+    above = (points["active"] - base["active"]).clip(lower=0) + confirmed
+    return np.minimum(points["logical"], above)
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The one rule for memory at rest over a bound, a budget or a cap: held bytes over it by
+    more than `slack_bytes` and `slack_ratio` of it, where the run ends; `admitted`, also at
+    more than half of the points at rest since it first went over.
+
+    A budget the scenario states is the user's own hard bound: `Limit()`, one byte over where
+    the run ends is over. A cap the cache enforces when the next request is admitted (mlx-lm's
+    prompt cache) leaves the entry a request stores over it until then, now and then and by a
+    little: that is the cap working, and `over_cap` judges it with the slack of its thresholds.
+    """
+
+    slack_bytes: int = 0
+    slack_ratio: float = 0.0
+    admitted: bool = False
+
+    def over(self, kept: pd.Series, bound: pd.Series | int) -> pd.Series:
+        """Per point: whether `kept` is over `bound` by more than the slack."""
+        excess = kept - bound
+        return (excess > self.slack_bytes) & (excess > self.slack_ratio * bound)
+
+    def breached(self, over: pd.Series) -> bool:
+        """Over where the run ends (and, `admitted`, at most points since it first was)."""
+        if over.empty or not over.iloc[-1]:
+            return False
+        return not self.admitted or bool(over.loc[over.idxmax():].mean() > 0.5)
+
+
 class UnboundedThresholds(TrendThresholds):
     budget: Size | None = None
     min_bytes: Size = 64 * 2**10
 
 
 def unbounded(frame: pd.DataFrame, t: UnboundedThresholds, backend: str) -> Finding | None:
-    """Unbounded: the bytes the components report at rest end over a budget, whether they grew
-    there, held flat there or started there; or, with no budget, they keep rising with no
-    plateau.
+    """Unbounded: the bytes the components hold at rest (`held_at_rest`) end over the
+    scenario's budget, whether they grew there, held flat there or started there; or, with no budget
+    stated and no cap of the cache's own, they keep rising with no plateau.
 
-    Honest growth: the store says what it holds, it just never stops holding more. The budget
-    is the scenario's, else the cache's own cap where the agent read one. Past it that is an
-    error, however the reported bytes got there (past the cap, `over_cap` says it better and
-    supersedes this); within it, nothing; with neither, growth is a warning (nothing says how
-    much is too much, but nothing says it stops either).
+    Honest growth: the store says what it holds, it just never stops holding more. Past a
+    stated budget that is an error, however the held bytes got there (`Limit()`); within it,
+    nothing. With no budget stated, a cache that reports its own cap is bounded by it, and
+    `over_cap` judges that bound (its registry entry answers for this one there); with
+    neither, growth is a warning (nothing says how much is too much, but nothing says it
+    stops either).
     """
     points = quiescent(frame).iloc[t.warmup:]
-    budget = t.budget if t.budget is not None else _own_cap(points)
-    trend = rising(points["logical"], t.min_bytes, t.r2, t.hold)
-    if points.empty or (budget is None and trend is None):
+    if points.empty or (t.budget is None and _own_cap(points)):
         return None
-    unit, reported = point_name(points), points["logical"].iloc[-1]
-    if budget is not None and reported <= budget:
+    kept = held_at_rest(points, frame)
+    trend = rising(kept, t.min_bytes, t.r2, t.hold)
+    if t.budget is None:
+        return None if trend is None else _trending(
+            "unbounded", points, trend, trend.rate,
+            f"components hold {mib(kept.iloc[-1])} MiB at rest, with no budget stated "
+            "(detect.unbounded.budget), growing", middle=" with no plateau", severity="warning")
+    over = Limit().over(kept, t.budget)
+    if not Limit().breached(over):
         return None
-    if budget is not None and trend is None:
-        return _over_budget(points, budget, unit)
-    over = (f"over the budget of {mib(budget)} MiB" if budget is not None else
-            "with no budget stated (detect.unbounded.budget)")
-    assert trend is not None
+    if trend is None:
+        return _over_budget(points, kept, over, t.budget)
     return _trending("unbounded", points, trend, trend.rate,
-                     f"components report {mib(reported)} MiB at rest, {over}, growing",
-                     middle=" with no plateau",
-                     severity="error" if budget is not None else "warning")
+                     f"components hold {mib(kept.iloc[-1])} MiB at rest, over the budget of "
+                     f"{mib(t.budget)} MiB, growing", middle=" with no plateau")
 
 
-def _own_cap(points: pd.DataFrame) -> int | None:
-    """The cap the components allowed themselves at the last point at rest, where one is known."""
-    cap = int(points["cap"].iloc[-1]) if "cap" in points and not points.empty else 0
-    return cap or None
+def _own_cap(points: pd.DataFrame) -> bool:
+    """Whether the agent read a cap the cache allows itself, at the last point at rest."""
+    return "cap" in points and bool(points["cap"].iloc[-1] > 0)
 
 
-def _over_budget(points: pd.DataFrame, budget: int, unit: str) -> Finding:
-    """Reported bytes at rest over the budget without rising: held there since the first point
-    over it (the first point at rest, for a server restarted onto a cache it reloaded)."""
-    over = points[points["logical"] > budget]
-    first = over.iloc[0]
-    since = ("from the first point at rest" if first.name == points.index[0]
-             else f"since {unit} {first['turn' if unit == 'turn' else 'request']}")
-    reported = points["logical"].iloc[-1]
+def _over_budget(points: pd.DataFrame, kept: pd.Series, over: pd.Series,
+                 budget: int) -> Finding:
+    """Held bytes at rest over the budget without rising: held there since the first point
+    over it (the first point at rest, for a server restarted onto a cache it reloaded and
+    holds)."""
+    unit, first = point_name(points), over.idxmax()
+    since = ("from the first point at rest" if first == points.index[0]
+             else f"since {unit} {points.loc[first, 'turn' if unit == 'turn' else 'request']}")
     return Finding(
-        kind="unbounded", step=int(points["step"].iloc[-1]), bytes=int(reported - budget),
-        count=len(over),
-        message=f"components report {mib(reported)} MiB at rest, over the budget of "
-                f"{mib(budget)} MiB {since}, not rising: over it at {len(over)} of "
+        kind="unbounded", step=int(points["step"].iloc[-1]), bytes=int(kept.iloc[-1] - budget),
+        count=int(over.sum()),
+        message=f"components hold {mib(kept.iloc[-1])} MiB at rest, over the budget of "
+                f"{mib(budget)} MiB {since}, not rising: over it at {int(over.sum())} of "
                 f"{len(points)} points at rest",
-        steps=listed(over["step"]))
+        steps=listed(points["step"][over]))
 
 
 class PlateauThresholds(Thresholds):
@@ -303,32 +352,34 @@ def pooled(frame: pd.DataFrame, t: PooledThresholds, backend: str) -> Finding | 
 
 
 class OverCapThresholds(Thresholds):
-    """Over by more than `min_bytes` and `ratio` of the cap."""
+    """The slack of a cap enforced when the next request is admitted, the one place kvmem
+    states it (`Limit`): over by more than `min_bytes` and `ratio` of the cap."""
 
     min_bytes: Size = 64 * 2**10
     ratio: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.05
 
 
 def over_cap(frame: pd.DataFrame, t: OverCapThresholds, backend: str) -> Finding | None:
-    """Over its own cap: at rest, the components hold more than the bytes they allow
-    themselves, a limit the agent reads from a server (`server.cap`: mlx_lm.server's
+    """Over its own cap: at rest, the components hold (`held_at_rest`) more than the bytes
+    they allow themselves, a limit the agent reads from a server (`server.cap`: mlx_lm.server's
     `--prompt-cache-bytes`), so the cap is a budget no scenario restates. mlx-lm #1807 (a
     hybrid model's cache grows past it) and PR #1409 (the cap ignored with `--kv-bits`) are
-    this. Over where the run ends and at most points at rest since it first went over: a cap
-    enforced when the next request is admitted (mlx-lm's) leaves the entry a request stores
-    over it until then, at one point in a few, which is the cap working. Nothing where no cap
-    is known."""
+    this. Judged by `Limit` as a cap enforced at admission: mlx-lm's leaves the entry a
+    request stores over it until the next is admitted, at one point in a few and by a little,
+    which is the cap working. Where no budget is stated it answers for `unbounded` too (the
+    cap is the bound then). Nothing where no cap is known."""
     if "cap" not in frame:  # samples written before caps were read
         return None
     points = quiescent(frame)
     capped = points[points["cap"] > 0]
-    excess = capped["logical"] - capped["cap"]
-    over = (excess > t.min_bytes) & (excess > t.ratio * capped["cap"])
-    if not over.any() or not over.iloc[-1] or over[over.idxmax():].mean() <= 0.5:
+    kept = held_at_rest(capped, frame)
+    limit = Limit(t.min_bytes, t.ratio, admitted=True)
+    over = limit.over(kept, capped["cap"])
+    if not limit.breached(over):
         return None
-    hits = capped[over]
+    excess, hits = kept - capped["cap"], capped[over]
     return from_hits("over_cap", hits, excess, lambda at: (
-        f"the cache holds {mib(frame['logical'][at])} MiB at rest against its own "
+        f"the cache holds {mib(kept[at])} MiB at rest against its own "
         f"{mib(frame['cap'][at])} MiB cap, at {where(frame, at)}; over it at {len(hits)} of "
         f"{len(capped)} points at rest, the last among them"))
 
@@ -349,8 +400,8 @@ def overclaimed(frame: pd.DataFrame, t: OverclaimThresholds, backend: str) -> Fi
     `insert_cache` then fails to store). Judged where the run ends, as a wrong count persists
     while a server's first points at rest read low against a baseline that held its warm-up's
     buffers; from the baseline's own count, so a server that reloaded a cache before its first
-    sample is not read as claiming it. `unbounded` and `over_cap`, which read that count, give
-    way to it (its registry entry supersedes them)."""
+    sample is not read as claiming it. `unbounded` and `over_cap` judge the bytes held
+    (`held_at_rest`), so a count no memory backs never reaches a budget or a cap."""
     points = quiescent(frame)
     held_above = points["active"] - frame["active"].iloc[0]
     claimed = points["logical"] - frame["logical"].iloc[0]

@@ -23,9 +23,20 @@ spike      s_i = max(a_{i-1}, a_i); excess_i = p_i − s_i − w_i; ratio_i = (p
 growth     excess_i = (a_i − a_{i-1}) − max(m_i − m_{i-1}, 0) over prefill and decode steps whose
            previous step holds tokens; flagged where excess_i > min_bytes.
 leak       T(u) with floor min_bytes, and u not in step (S); the rate per request (or turn).
-unbounded  with a budget (the scenario's, else the cache's own cap): l at the last point >
-           budget, however it got there (T(l) rising, held flat, or over it from the first
-           point), an error; with none, T(l) with floor min_bytes, a warning.
+held       h_q = min(l_q, a_q − b + min(l_0, a_0)): the components' count as far as memory
+           confirms it, MLX above the baseline and, of the baseline's own count l_0 (a cache
+           reloaded before the first sample), what MLX held in all then, a_0. Claimed is not
+           held: budgets and caps judge h; a count no memory backs is overclaimed's (or, from
+           before the baseline, nothing's), never memory over a bound.
+limit      over a bound B with slack (s, ρ): h_q − B > s and h_q − B > ρ·B. A budget the
+           scenario states has none (s = ρ = 0: the user's own hard bound); breached where
+           over at the last point at rest. A cap enforced at admission (over_cap's) has its
+           thresholds' slack, and is breached where over at the last point and at more than
+           half of the points since the first over.
+unbounded  with a stated budget: h breaches it (limit), however it got there (T(h) rising,
+           held flat, or over it from the first point), an error; with none, nothing where
+           the agent read a cap (over_cap judges that bound), else T(h) with floor min_bytes,
+           a warning.
 plateau    a − b at rest rose by at least min_bytes, then held (flat: each |Δ| and their sum
            < flat over the last `hold` deltas or more, more than any pause before).
 preallocated  on runs of requests with no store, session or server, at a decode step one
@@ -45,13 +56,12 @@ host_memory  o = rss − active − cache on CPU (its buffers live in RSS), else
 gc_deferred  c_q > min_bytes at a quiescent point.
 pooled     MLX's buffer cache at a quiescent point > min_bytes (on CPU twice its default limit
            when unset; elsewhere checked only with a stated min_bytes).
-over_cap   over_q: l_q − cap_q > max(min_bytes, ratio × cap_q), where the agent read a cap
-           (the bytes the cache allows itself); flagged when over at the last quiescent point
-           and at more than half of them since the first over; the largest excess; supersedes
-           unbounded.
+over_cap   h against cap_q, where the agent read a cap (the bytes the cache allows itself), by
+           limit as a cap enforced at admission, slack (min_bytes, ratio); the largest excess.
+           With no budget stated it answers for unbounded (the cap is the bound then).
 overclaimed  e_q = (l_q − l_0) − (a_q − b) > max(min_bytes, ratio × (l_q − l_0)) at the
            last quiescent point (l_0 the baseline's count): the accounting grew more than what
-           is held; supersedes unbounded and over_cap, which read that accounting.
+           is held.
 drift      a_t = b + r·t + ε over the samples in flight of a run with no request boundaries and
            under three points at rest (`kvmem record`), least squares: an error where r·T or the
            last a_t − b exceeds budget, or r exceeds rate; a warning where r·T ≥ min_bytes with
@@ -67,7 +77,7 @@ over the hits (`records.listed`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BeforeValidator, ConfigDict
@@ -129,7 +139,8 @@ class Marker:
 class Detector:
     """One registry entry. `find(frame, thresholds, backend)` returns a finding or None;
     `expected` is what `expect.<name>` holds when a scenario states nothing (None: not checked);
-    `supersedes`: findings this one makes moot when it is found (they read what it distrusts)."""
+    `supersedes`: findings this one makes moot when it is found (they judge what it judges),
+    save one against a budget the scenario states, the user's own bound."""
 
     find: Callable[[pd.DataFrame, Any, str], Finding | None]
     thresholds: type[Thresholds]
@@ -154,10 +165,10 @@ DETECTORS: dict[str, Detector] = {
     "host_memory": Detector(host_memory, HostThresholds, "none", Marker("D", "tab:pink")),
     "gc_deferred": Detector(gc_deferred, GcThresholds, "none", Marker("X", "tab:cyan")),
     "pooled": Detector(pooled, PooledThresholds, "none", Marker("h", "tab:gray")),
+    # With no budget stated, a cache's own cap is unbounded's bound too: over_cap judges it.
     "over_cap": Detector(over_cap, OverCapThresholds, "none", Marker("p", "tab:red"),
                          supersedes=("unbounded",)),
-    "overclaimed": Detector(overclaimed, OverclaimThresholds, "none", Marker("8", "tab:blue"),
-                            supersedes=("unbounded", "over_cap")),
+    "overclaimed": Detector(overclaimed, OverclaimThresholds, "none", Marker("8", "tab:blue")),
     # A recorded process's trend against time (`kvmem record`): no request boundaries, nothing
     # at rest, so it never reads a scenario's run. A warning with no budget stated.
     "drift": Detector(drift, DriftThresholds, "none", Marker(">", "tab:orange")),
@@ -189,8 +200,12 @@ Detect = Annotated[DetectSpec, BeforeValidator(detect_spec)]
 
 def detect(frame: pd.DataFrame, thresholds: DetectSpec, backend: str) -> list[Finding]:
     """Every registered detector over one run's samples, each with its `thresholds.<name>`,
-    less the findings another one found supersedes."""
+    less the findings another one found supersedes; each superseding finding lists the kinds
+    it answers for (`Finding.supersedes`), so an expectation of them can say so."""
     found = [finding for name, d in DETECTORS.items()
              if (finding := d.find(frame, getattr(thresholds, name), backend)) is not None]
-    moot = {kind for f in found for kind in DETECTORS[f.kind].supersedes if f.kind in DETECTORS}
-    return [f for f in found if f.kind not in moot]
+    answered = {kind: f.kind for f in found if f.kind in DETECTORS
+                for kind in DETECTORS[f.kind].supersedes
+                if getattr(getattr(thresholds, kind, None), "budget", None) is None}
+    return [replace(f, supersedes=[kind for kind, by in answered.items() if by == f.kind])
+            for f in found if f.kind not in answered]

@@ -82,12 +82,16 @@ Expect = Annotated[ExpectSpec, BeforeValidator(expect_spec)]
 def _presence(name: str, expected: Presence, findings: list[Finding],
               stated: bool = True) -> Expectation:
     """A presence expectation; one the scenario did not state (the registry's default) is not
-    failed by a warning."""
+    failed by a warning. Where another finding answered for this one (it supersedes it), the
+    result names it."""
     found = [f for f in findings if f.kind == name and (stated or f.severity == "error")]
     actual = "detected" if found else "none"
-    message = found[0].message if found else f"no {name} finding"
+    by = next((f for f in findings if name in f.supersedes), None)
+    message = (found[0].message if found else
+               f"no {name} finding: superseded by {by.kind}: {by.message}" if by else
+               f"no {name} finding")
     return Expectation(name=name, expected=expected, actual=actual, ok=actual == expected,
-                       message=message)
+                       message=message, superseded_by=by.kind if by and not found else None)
 
 
 def _bound(name: str, actual: float | None, limit: float, in_bytes: bool) -> Expectation:

@@ -29,7 +29,9 @@ class Finding:
     most MAX_STEPS_LISTED, spread over the run: `listed`).
     `severity` says whether it can fail the run (`Severity`; a detector says "warning" where
     a default expectation must let it pass, and the run grades the rest against the scenario's
-    expectations). A summary written by hand may leave out all but `kind` and `message`."""
+    expectations). `supersedes`: the kinds this finding answers for in this run (the
+    registry's supersession), written only where there are some. A summary written by hand
+    may leave out all but `kind` and `message`."""
 
     kind: StrictStr
     step: StrictInt | None = None
@@ -38,21 +40,27 @@ class Finding:
     message: StrictStr
     steps: list[StrictInt] = Field(default_factory=list)
     severity: Severity = "error"
+    supersedes: list[StrictStr] = Field(default_factory=list, exclude_if=lambda kinds: not kinds)
 
 
 @dataclass(frozen=True, kw_only=True, config=ConfigDict(defer_build=True))
 class Expectation:
     """One expectation of the scenario as checked: a presence (`none`, `detected`) or a bound
-    (`<= 1,024 B`), what the run gave, and whether it holds."""
+    (`<= 1,024 B`), what the run gave, and whether it holds; `superseded_by`, the finding that
+    answered for this presence (written only where one did)."""
 
     name: StrictStr
     expected: Any = None
     actual: Any = None
     ok: StrictBool
     message: StrictStr = ""
+    superseded_by: StrictStr | None = Field(default=None, exclude_if=lambda kind: kind is None)
 
     def describe(self) -> str:
-        return f"{self.name}: expected {self.expected}, got {self.actual}"
+        """`unbounded: expected detected, got none`, with the finding that superseded it."""
+        by = (f" (superseded by {self.superseded_by}, which judges the same bound)"
+              if self.superseded_by else "")
+        return f"{self.name}: expected {self.expected}, got {self.actual}{by}"
 
 
 def from_hits(kind: str, hits: pd.DataFrame, excess: pd.Series,
