@@ -25,9 +25,7 @@ from functools import partial
 
 import mlx.core as mx
 
-from harness.common.units import parse_size
-from harness.components.protocols import LayerCache, StoreBase, state_range
-from harness.models.geometry import Geometry
+from harness import Geometry, LayerCache, StoreBase, parse_size, state_range
 
 TRIMS = ("slice", "copy")
 

@@ -14,8 +14,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from harness.components.protocols import StoreBase
-from harness.models.geometry import Geometry
+from harness import Geometry, StoreBase
 
 
 class LeakyStore(StoreBase):
