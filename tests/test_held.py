@@ -39,6 +39,7 @@ def test_a_cache_reloaded_lazily_before_the_first_sample_is_claimed_not_held(tmp
     assert (frame["active"].iloc[-1] - frame["active"].iloc[0]) == 0    # nor is any allocated
     assert "unbounded" not in found and checks["unbounded"].ok
     assert "overclaimed" not in found           # claimed before the run: not the run's claim
+    assert "aliased" not in found               # nor is it an array the run counts twice
 
 
 def test_a_store_that_reloads_lazily_what_it_keeps_is_overclaimed_never_over_its_budget(tmp_path):

@@ -46,7 +46,7 @@ retained   excess_i = a_i − b − l_i − c_i (c_i the larger measurement at r
            over every step but a server's in flight, > max(min_bytes, ratio × l_i); else T(u)
            with floor min_rate in step (S); nothing when T(u) rises not in step (leak's), or
            when memory is kept at rest but l is 0 at every point (no accounting to hold to).
-aliased    over_i = l_i − (a_i − b) > min_bytes on a prefill or decode step and the step
+aliased    over_i = (l_i − l_0) − (a_i − b) > min_bytes on a prefill or decode step and the step
            before it: the same arrays counted twice.
 host_memory  o = rss − active − cache on CPU (its buffers live in RSS), else rss; rise_i =
            o_i − o_0 at rest > min_bytes and > a_i − b; else the trend: T(rise) with floor
@@ -63,9 +63,10 @@ overclaimed  e_q = (l_q − l_0) − (a_q − b) > max(min_bytes, ratio × (l_q 
            last quiescent point (l_0 the baseline's count): the accounting grew more than what
            is held.
 drift      a_t = b + r·t + ε over the samples in flight of a run with no request boundaries and
-           under three points at rest (`kvmem record`), least squares: an error where r·T or the
-           last a_t − b exceeds budget, or r exceeds rate; a warning where r·T ≥ min_bytes with
-           r² ≥ r2 and no budget is breached.
+           under three points at rest (`kvmem record`), least squares, for MLX active memory and
+           for RSS alike: an error where either's r·T or last a_t − b exceeds budget, or its r
+           exceeds rate; a warning where either has r·T ≥ min_bytes with r² ≥ r2 and no budget
+           is breached.
 
 The detectors of steps are in harness.judge.per_step, those of memory at rest in
 harness.judge.at_rest, the trend against time of a recorded process (`drift`) in

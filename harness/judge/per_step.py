@@ -112,9 +112,12 @@ def aliased(frame: pd.DataFrame, t: AliasThresholds, backend: str) -> Finding | 
     holding one entry. Only where it outlives a write: on a prefill or decode step after
     another. A copy shares its source's buffer until the first write to either (MLX copies
     lazily), so a fetch's copy or a snapshot taken during a step counts twice for that one
-    row; and at a store the request hands its caches over.
+    row; and at a store the request hands its caches over. Both are measured from the
+    baseline: a count the baseline already had (a cache reloaded before the first sample,
+    perhaps lazily) is no array counted twice.
     """
-    over = frame["logical"] - (frame["active"] - frame["active"].iloc[0])
+    base = frame.iloc[0]
+    over = (frame["logical"] - base["logical"]) - (frame["active"] - base["active"])
     counted_twice = frame["phase"].isin(["prefill", "decode"]) & (over > t.min_bytes)
     hits = frame[counted_twice & counted_twice.shift(1, fill_value=False)]
     return from_hits("aliased", hits, over, lambda at: (
