@@ -19,16 +19,24 @@ def run(args: argparse.Namespace, console: Console) -> int:
     variants = options.soaked(options.variants(args.paths, args.variant, console),
                               args.duration, args.fail_fast)
     from ..run.schedule import shard
-    from ..run.suite import run_variants
+    from ..run.suite import Interrupted, run_variants
 
     if args.shard:
         variants = shard(variants, *args.shard)
         console.print(f"shard {args.shard[0]}/{args.shard[1]}: {len(variants)} variant(s)",
                       highlight=False)
-    summaries = run_variants(variants, Path(args.out), console, args.timeout, args.jobs)
+    interrupted = False
+    try:
+        summaries = run_variants(variants, Path(args.out), console, args.timeout, args.jobs)
+    except Interrupted as stopped:
+        summaries, interrupted = stopped.summaries, True
     console.print(term.results(summaries))
     term.failures(console, summaries)
+    term.early_stops(console, summaries)
     console.print(f"reports written under {args.out}/")
+    if interrupted:
+        term.interrupted(options.errors(), summaries, len(variants))
+        return 130
     return exit_status(summaries)
 
 

@@ -77,6 +77,22 @@ def failures(console: Console, summaries: list[Summary]) -> None:
                           highlight=False)
 
 
+def early_stops(console: Console, summaries: list[Summary]) -> None:
+    """Under the table, each server variant whose traffic ended before its end, and why."""
+    for s in summaries:
+        if s.model is not None and s.model.stopped:
+            console.print(f"{escape(s.label)}: stopped early: {escape(s.model.stopped)}",
+                          highlight=False)
+
+
+def interrupted(console: Console, summaries: list[Summary], planned: int) -> None:
+    """The last line of a run cut short by Ctrl-C or SIGTERM: what it stopped, what it kept."""
+    stopped = sum(s.status == "interrupted" for s in summaries)
+    console.print(f"[red]interrupted[/red]: {stopped} variant(s) stopped, each report holding "
+                  f"what was sampled until then; {len(summaries) - stopped} finished before; "
+                  f"{planned - len(summaries)} not run", highlight=False)
+
+
 def details(console: Console, summaries: list[Summary]) -> None:
     """What `kvmem show` prints under the table: findings, the model, store statistics, noise."""
     for s in summaries:

@@ -13,6 +13,12 @@ The child writes its rows as they come to spool files in a folder the parent mad
 still leaves what it sampled; the parent reads them when the child ends and removes the folder.
 On Linux the child also dies with its parent (`harness.common.child`).
 
+An interrupt (`stop`) ends a child as a soak's end would, only sooner: the parent sends it
+SIGTERM, which stops its engine where it stands; the child stops what it started (a server and
+its folder) and says so, and the parent reads what was spooled: an `interrupted` run, with its
+report. A child that has not ended `INTERRUPT_GRACE` seconds later is killed, and the temporary
+folders it leaves are removed (`harness.run.workdirs`).
+
 The child works in two phases so that the parent can schedule by memory without importing user
 code: it computes its footprint estimate (which may import components), sends it, and waits for
 the parent's verdict (`admit`): serve, or a refusal message. `harness.run.schedule` decides.
@@ -23,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import tempfile
+import signal
 import threading
 import time
 import traceback
@@ -43,14 +49,17 @@ from .defaults import DEFAULT_TIMEOUT
 from .engines import RunFailure, create, engine_class
 from .probe import REQUEST, REQUESTS_SPOOL, ROW, SAMPLES_SPOOL, CounterReplaced, Probe
 from .rows import read
+from .workdirs import ROWS, made, sweep
 
 NOTE_BYTES = 200  # the longest progress note a child shows beside its bar
+INTERRUPT_GRACE = 30.0  # seconds an interrupted child has to stop its work and report
+INTERRUPTED = "interrupted"
 
 
 @dataclass
 class RunOutcome:
     variant: Variant
-    status: str  # ok | failed | refused
+    status: str  # ok | failed | refused | interrupted
     rows: np.ndarray
     error: str | None
     exit_status: int | None
@@ -86,9 +95,16 @@ def fits_alone(estimate: int) -> str | None:
     return refusal(estimate, available) if estimate > available else None
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    """The parent's SIGTERM in the child: stop serving, once (the clean-up is not cut short)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 def _child(variant: Variant, last_step: Any, note: Any, spool: Path, pipe: Connection) -> None:
     """Runs in the child: estimate, wait for the parent's verdict, serve (rows to `spool`),
-    send the outcome."""
+    send the outcome; SIGTERM (an interrupt) ends the serving early, what was served kept."""
+    signal.signal(signal.SIGTERM, _interrupt)
     probe = Probe(spool=spool)
 
     def progress(steps: int, said: str | None = None) -> None:
@@ -108,6 +124,11 @@ def _child(variant: Variant, last_step: Any, note: Any, spool: Path, pipe: Conne
             message["store_stats"] = engine.store_stats()
             message["model"] = engine.facts()
             message["completed"] = True
+    except KeyboardInterrupt:
+        message["interrupted"] = True
+        if engine is not None:  # what it served until then (a server's requests, latency)
+            with contextlib.suppress(Exception):
+                message.update(store_stats=engine.store_stats(), model=engine.facts())
     except (RunFailure, CounterReplaced) as exc:
         message["error"] = str(exc)
     except BaseException as exc:  # SystemExit from a component is a failed run too
@@ -134,16 +155,17 @@ def execute(variant: Variant, on_step: Callable[[int, str], None] | None = None,
 
     A run counts as `ok` only when the child says it served the whole workload: a child that
     exits early, even with status 0, is a failed run. `timeout` (seconds, default
-    DEFAULT_TIMEOUT) kills a child that hangs. An interrupt of the parent kills the child first.
-    `admit` gets the child's estimate and returns None (serve) or a refusal message; time spent
-    in it (waiting for memory) counts toward neither the timeout nor the wall time. `stop`, set
-    by another thread, kills the child as an interrupt would. `on_step` is told the steps
-    served (a server's requests) and the child's latest progress note.
+    DEFAULT_TIMEOUT) kills a child that hangs. An interrupt raised in this thread kills the
+    child first. `stop`, once set (by a signal handler or another thread), ends the run
+    `interrupted`: the child stops serving and the outcome holds what it sampled. `admit` gets
+    the child's estimate and returns None (serve) or a refusal message; time spent in it
+    (waiting for memory) counts toward neither the timeout nor the wall time. `on_step` is told
+    the steps served (a server's requests) and the child's latest progress note.
     """
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     last_step = CONTEXT.Value("q", 0, lock=False)
     note = CONTEXT.Array("c", NOTE_BYTES, lock=False)
-    spool = Path(tempfile.mkdtemp(prefix="kvmem-rows-"))
+    spool = made(ROWS)
     try:
         with Child(_child, variant, last_step, note, spool, grace=30,
                    name=f"kvmem {variant.label}") as child:
@@ -155,6 +177,7 @@ def execute(variant: Variant, on_step: Callable[[int, str], None] | None = None,
         rows, requests = read(spool / SAMPLES_SPOOL, ROW), read(spool / REQUESTS_SPOOL, REQUEST)
     finally:
         shutil.rmtree(spool, ignore_errors=True)
+        sweep()  # a killed child's own folders (a server's), once it has gone
     return _outcome(variant, message or {}, ended, child.process.exitcode, last_step.value,
                     wall, rows, requests)
 
@@ -163,11 +186,11 @@ def _watch(child: Child, timeout: float, admit: Callable[[int], str | None],
            stop: threading.Event | None,
            shown: Callable[[], None]) -> tuple[dict | None, str | None, float]:
     """Wait for the child's outcome, answering its estimate, showing its progress (`shown`),
-    killing it on timeout or `stop`: its last message, why it was killed (None if it was not)
-    and the seconds it served."""
+    killing it on timeout, stopping it on `stop`: its last message, why it was ended early
+    (None if it was not) and the seconds it served."""
     start = time.perf_counter()
     message: dict | None = None
-    ended = None
+    ended, stopped = None, None
     while message is None:
         try:
             message = child.receive(0.1)
@@ -177,11 +200,18 @@ def _watch(child: Child, timeout: float, admit: Callable[[int], str | None],
             start += _judge(message["estimate"], admit, child.pipe)
             message = None
         shown()
-        if time.perf_counter() - start > timeout:
+        if message is not None:
+            break
+        if stopped is None and stop is not None and stop.is_set():
+            ended, stopped = INTERRUPTED, time.perf_counter()
+            with contextlib.suppress(OSError):  # asks it to stop where it stands and report
+                child.process.terminate()
+        if stopped is not None:
+            if time.perf_counter() - stopped > INTERRUPT_GRACE:
+                child.process.kill()
+                break
+        elif time.perf_counter() - start > timeout:
             ended = f"timed out after {timeout:g} s"
-        elif stop is not None and stop.is_set():
-            ended = "interrupted"
-        if ended:
             child.process.kill()
             break
     return message, ended, time.perf_counter() - start
@@ -203,6 +233,13 @@ def _outcome(variant: Variant, message: dict, ended: str | None, code: int | Non
     estimate = message.get("estimate", 0)
     if message.get("refused"):
         return RunOutcome(variant, "refused", rows, message["refused"], None, 0, wall, estimate)
+    if ended == INTERRUPTED or message.get("interrupted"):  # a SIGTERM may reach it first
+        stopped = ("stopped" if "spooled" in message
+                   else f"{how(code)} before it had stopped (it has {INTERRUPT_GRACE:g} s)")
+        return RunOutcome(variant, INTERRUPTED, rows,
+                          f"interrupted at step {steps}: the variant's process {stopped}; "
+                          "the report holds what was sampled until then", code, steps, wall,
+                          estimate, message.get("store_stats"), message.get("model"), requests)
     if ended:
         error = f"{ended} at step {steps}: the variant's process was killed"
     elif message.get("error"):

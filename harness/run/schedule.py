@@ -32,6 +32,7 @@ from . import isolation
 
 T = TypeVar("T")
 RECHECK_S = 1.0  # a waiting variant looks at available memory again this often
+POLL_S = 0.2  # how often the supervisor of parallel runs looks for an interrupt
 
 
 @dataclass(frozen=True)
@@ -107,20 +108,26 @@ class Scheduler:
 
 
 def in_parallel(count: int, jobs: int, run: Callable[[int, threading.Event], T],
-                on_stop: Callable[[], None]) -> Iterator[tuple[int, T]]:
+                on_stop: Callable[[], None],
+                stop: threading.Event | None = None) -> Iterator[tuple[int, T]]:
     """(index, run(index, stop)) for indices 0..count-1, `jobs` at a time, as they finish.
 
-    Each run supervises one child from a worker thread. When the consumer stops early (an
-    interrupt, an error), `stop` is set and `on_stop` called so every worker kills its child,
-    and this returns only once they have.
+    Each run supervises one child from a worker thread. Once `stop` is set (an interrupt's
+    handler sets it), `on_stop` is called so no waiting variant starts, every worker stops its
+    child, and their runs are still yielded as they end. When the consumer stops early (an
+    error), `stop` is set too, and this returns only once every child has ended.
     """
-    stop = threading.Event()
+    stop = threading.Event() if stop is None else stop
     pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="kvmem-variant")
     futures: dict[Future[T], int] = {pool.submit(run, index, stop): index for index in range(count)}
     pending = set(futures)
+    stopping = False
     try:
         while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            done, pending = wait(pending, POLL_S, return_when=FIRST_COMPLETED)
+            if stop.is_set() and not stopping:
+                stopping = True
+                on_stop()
             for future in sorted(done, key=futures.__getitem__):
                 yield futures[future], future.result()
     finally:

@@ -5,6 +5,9 @@ then `summarize` (samples, findings, summary) and the report writer; with `jobs`
 children run at once, admitted by memory (`harness.run.schedule`), and each report is written
 from the main thread as its run finishes. `harness.run.repeat` runs the whole list N times
 through it and keeps each variant's median run with its measured spread.
+Ctrl-C or SIGTERM during `run_variants` stops the variants running, each of which reports what
+it sampled (status `interrupted`), starts no other, and raises `Interrupted` with the
+summaries written; a second one stops at once, as an interrupt always did.
 `harness.cli` chooses between them: `run` and `baseline check` call `run_variants`, `noise`
 calls `run_repeated`, `baseline update` either (`--runs N` > 1 repeats); both baseline commands
 read existing reports instead when given `--from`; `merge` (harness.run.merge) joins the
@@ -15,9 +18,11 @@ call `run_variants`.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import threading
 import time
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import closing
 from functools import partial
 from pathlib import Path
@@ -38,11 +43,46 @@ from ..report.plots import plot_overlay, series
 from ..scenario import ScenarioSpec, Variant
 from .defaults import DEFAULT_TIMEOUT
 from .environment import environment as describe_environment
-from .isolation import RunOutcome, execute
+from .isolation import INTERRUPTED, RunOutcome, execute
 from .probe import to_frame
 from .schedule import Scheduler, in_parallel, planned_steps
+from .workdirs import sweep
 
-Ran = tuple[TaskID, RunOutcome]  # a variant's progress bar and what its run gave
+Ran = tuple[TaskID, RunOutcome | None]  # a variant's bar and what its run gave (None: not run)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM ended a suite early: the summaries written, those of the variants it
+    stopped (status `interrupted`) among them, in suite order."""
+
+    def __init__(self, summaries: list[Summary]):
+        super().__init__()
+        self.summaries = summaries
+
+
+@contextlib.contextmanager
+def interrupts(stop: threading.Event) -> Iterator[None]:
+    """For the block, the first Ctrl-C or SIGTERM sets `stop` and the next raises
+    KeyboardInterrupt. SIGINT that kvmem was started ignoring (nohup, a shell's background
+    job) stays ignored; only the main thread can set handlers, so elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stopping(signum: int, frame: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    held = [signal.SIGTERM]
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        held.append(signal.SIGINT)
+    previous = {sig: signal.signal(sig, stopping) for sig in held}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 def _environment(environment: dict[str, Any], outcome: RunOutcome) -> Environment:
@@ -73,7 +113,8 @@ def summarize(outcome: RunOutcome, environment: dict[str, Any],
     (out/scenario/variant/summary.json)."""
     spec = outcome.variant.spec
     frame = to_frame(outcome.rows)
-    served = outcome.status == "ok" and not frame.empty
+    # An interrupted run is judged on what it sampled, as a shorter run would be; it never passes.
+    served = outcome.status in ("ok", INTERRUPTED) and not frame.empty
     findings = detect(frame, spec.detect, environment["backend"]) if served else []
     weights = outcome.model.weights if outcome.model is not None else None
     values = figures(Samples(frame if served else None, findings, spec.detect,
@@ -86,7 +127,8 @@ def summarize(outcome: RunOutcome, environment: dict[str, Any],
         scenario_file=str(outcome.variant.path), description=spec.description,
         status=outcome.status, error=outcome.error, exit_status=outcome.exit_status,
         last_step=outcome.last_step, metrics=recorded(values), findings=findings,
-        expectations=expectations, passed=served and all(e.ok for e in expectations),
+        expectations=expectations,
+        passed=served and outcome.status == "ok" and all(e.ok for e in expectations),
         compare=spec.expect.compare,
         # Every detector's thresholds as applied: the gate sees a pull request that moves one.
         detect=spec.detect.model_dump(mode="json"),
@@ -106,18 +148,24 @@ def run_variants(variants: list[Variant], out: Path, console: Console | None = N
     overrides each scenario's own. Up to `jobs` variants run at once, each started only when
     the scheduler finds its estimate fits beside the running ones (`scheduler`, given, brings
     its own jobs, memory and log); reports are written as runs finish, while the summaries
-    and each scenario's overlay keep the order of `variants`.
+    and each scenario's overlay keep the order of `variants`. An interrupt raises
+    `Interrupted` once the variants it stopped have written their reports (module docstring).
     """
     console = console or Console(stderr=True)
     environment = describe_environment()
     scheduler = scheduler or Scheduler(jobs)
     summaries: dict[int, Summary] = {}
     frames: dict[int, pd.DataFrame] = {}
-    with report.reserve(out), progress_bars(console) as progress:
+    stop = threading.Event()
+    sweep()  # what runs killed outright (kill -9) left in the temporary directory
+    with report.reserve(out), interrupts(stop), progress_bars(console) as progress:
         run = partial(_supervise, variants, progress, scheduler, timeout)
-        with closing(_outcomes(len(variants), run, scheduler)) as outcomes:
+        with closing(_outcomes(len(variants), run, scheduler, stop)) as outcomes:
             for index, (task, outcome) in outcomes:
                 variant = variants[index]
+                if outcome is None or (stop.is_set() and not _served(outcome)):
+                    progress.update(task, description=f"{variant.label} [not run: interrupted]")
+                    continue
                 _finish_bar(progress, task, variant.label, outcome)
                 frame, _, summary = summarize(outcome, environment, out)
                 summary, written = write(summary, frame, requests_frame(outcome.requests))
@@ -128,30 +176,44 @@ def run_variants(variants: list[Variant], out: Path, console: Console | None = N
                 summaries[index] = summary
         overlays(((v.scenario, v.name, frames[i]) for i, v in enumerate(variants) if i in frames),
                  out, console)
-    return [summaries[index] for index in range(len(variants))]
+    reported = [summaries[index] for index in range(len(variants)) if index in summaries]
+    if stop.is_set():
+        raise Interrupted(reported)
+    return reported
 
 
-def _outcomes(count: int, run: Callable[[int, threading.Event | None], Ran],
-              scheduler: Scheduler) -> Generator[tuple[int, Ran], None, None]:
+def _served(outcome: RunOutcome) -> bool:
+    """Whether a run got as far as sampling: one refused, or stopped before it served, is not
+    worth a report once the suite is interrupted."""
+    return outcome.status != "refused" and len(outcome.rows) > 0
+
+
+def _outcomes(count: int, run: Callable[[int, threading.Event], Ran], scheduler: Scheduler,
+              stop: threading.Event) -> Generator[tuple[int, Ran], None, None]:
     """Each variant's run as it finishes: in turn for one job (each report written before the
-    next variant starts, as ever), else from one worker thread per job and one more, whose
-    child gets ready while the others serve."""
+    next variant starts, as ever; none started once `stop` is set), else from one worker
+    thread per job and one more, whose child gets ready while the others serve."""
     if scheduler.jobs == 1:
         for index in range(count):
-            yield index, run(index, None)
+            if stop.is_set():
+                return
+            yield index, run(index, stop)
     else:
-        yield from in_parallel(count, scheduler.jobs + 1, run, scheduler.cancel)
+        yield from in_parallel(count, scheduler.jobs + 1, run, scheduler.cancel, stop)
 
 
 def _supervise(variants: list[Variant], progress: Progress, scheduler: Scheduler,
-               timeout: float | None, index: int, stop: threading.Event | None) -> Ran:
-    """Run variant `index` in its child, with its own bar, admitted by the scheduler."""
+               timeout: float | None, index: int, stop: threading.Event) -> Ran:
+    """Run variant `index` in its child, with its own bar, admitted by the scheduler; None for
+    a variant reached after an interrupt."""
     variant = variants[index]
     # One job: the bar's clock runs from the spawn, as ever; several: from the admission.
     http = variant.spec.workload.http
     soak = http is not None and http.duration is not None  # requests until a time: no total
     task = progress.add_task(variant.label, total=None if soak else planned_steps(variant.spec),
                              start=scheduler.jobs == 1)
+    if stop.is_set():
+        return task, None
     admit = partial(_admit, scheduler, progress, task, index, variant.label)
     try:
         outcome = execute(variant, partial(_advance, progress, task, variant.label),
