@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
+from harness.judge.detectors import detect
 from harness.run import traffic
 from harness.run.probe import Probe, to_frame
 from harness.run.server_engine import ServerEngine, ServerError
@@ -162,6 +164,47 @@ def test_a_trace_without_offsets_replays_in_rounds_that_hold_one_turn_of_a_sessi
             for r in rounds] == [[("a0", 0), ("b0", 0)], [("a1", 1), ("b1", 1), ("x", -1)]]
 
 
+class Clock:
+    """A clock that moves only when told: drawing a prompt costs `per_prompt` seconds."""
+
+    def __init__(self, per_prompt: float):
+        self.now, self.per_prompt = 100.0, per_prompt
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sentence(self, rng, words: int) -> str:
+        self.now += self.per_prompt
+        return "word " * words
+
+
+def test_open_loop_keeps_its_rate_from_the_first_arrival_and_after_each_pass(monkeypatch):
+    """A pass's 1,000 prompts are drawn as the pass begins (0.315 s, as 10,000 took 3.15 s):
+    that time is left out of the schedule, so at 250/s no second holds more than 250 arrivals,
+    at the start or after the next pass is drawn; a rest's pause moves the rest along."""
+    clock = Clock(0.315 / 1000)
+    monkeypatch.setattr(traffic, "sentence", clock.sentence)
+    http = make_spec(model="qwen3-tiny", engine="server", workload={"http": {
+        "rate": "250/s", "arrivals": "even",
+        "phases": [{"kind": "distinct", "requests": 1000, "words": 2}]}}).workload.http
+    offsets = [at for at, _ in traffic.schedule(http, 0, passes=2)]
+    began = clock.now
+    paced = traffic.Pacer(traffic.schedule(http, 0, passes=2), clock)
+    due = []
+    for at, call in paced:
+        due.append(at)
+        if call.index == 1500:  # a rest of 2 s after request 1500
+            paced.pause(2.0)
+            clock.now += 2.0
+    assert due[0] == pytest.approx(began + 0.315)  # at once, once the first pass is drawn
+    # The schedule's own offsets, later by the second pass's drawing and then by the rest.
+    late = np.array(due) - due[0] - offsets
+    assert np.allclose(late[:1000], 0.0)
+    assert np.allclose(late[1000:1501], 0.315) and np.allclose(late[1501:], 2.315)
+    windows = np.searchsorted(due, np.array(due) + 1.0 - 1e-9) - np.arange(len(due))
+    assert windows.max() == 250  # never more than the rate in any second: no burst
+
+
 def test_later_passes_draw_new_prompts_and_the_first_is_as_ever():
     http = make_spec(model="qwen3-tiny", engine="server", workload={"http": {
         "phases": [{"kind": "distinct", "requests": 400, "words": 8}]}}).workload.http
@@ -238,12 +281,19 @@ def test_fail_fast_ends_the_traffic_at_the_first_rest_over_the_budget(tmp_path, 
                      detect={"unbounded": {"budget": "3 MiB"}})
     engine, probe = serve(spec, tmp_path)
     facts = engine.facts()
-    assert facts.stopped is not None and facts.stopped.startswith(
-        "fail_fast: the components report ")
-    assert "over the budget of 3 MiB" in facts.stopped
-    assert facts.requests < 400
-    last = to_frame(probe.rows()).query("phase == 'idle'").iloc[-1]
-    assert last["logical"] > 3 * MiB
+    frame = to_frame(probe.rows())
+    last = frame.query("phase == 'idle'").iloc[-1]
+    assert last["logical"] > 3 * MiB and facts.requests < 400
+    # Nothing is sent after the rest that breached, and that rest is the run's last sample.
+    assert probe.requests()["sent"].max() < last["time"] and last.name == frame.index[-1]
+    assert facts.stopped is not None
+    held = re.fullmatch(rf"fail_fast: the components hold ([\d,]+\.\d\d MiB) at rest at "
+                        rf"{last['time']:.1f} s, over the budget of 3\.00 MiB", facts.stopped)
+    assert held is not None, facts.stopped
+    # One figure: the finding reads the point the run stopped at, as the stop reason does.
+    found = {f.kind: f for f in detect(frame, spec.detect, "cpu")}
+    assert found["unbounded"].message.startswith(
+        f"components hold {held[1]} at rest, over the budget of 3.00 MiB")
 
 
 def test_a_wedged_server_under_open_loop_traffic_is_named_within_the_timeout(tmp_path,

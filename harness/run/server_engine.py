@@ -25,23 +25,21 @@ import shutil
 import site
 import socket
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from pathlib import Path
 
-import numpy as np
 import psutil
 from packaging.requirements import Requirement
 
-from ..common.units import format_bytes
-from ..judge.summary import Latency, ModelFacts
+from ..common.units import format_bytes, mib
+from ..judge.at_rest import Limit, held_at_rest
+from ..judge.summary import ModelFacts
 from ..models.loading import ModelError
 from ..models.serving import ServedModel, prepare
 from ..scenario import ScenarioSpec
 from ..scenario.server import Idle, ServerSpec
-from . import traffic
+from . import traffic, workdirs
 from .agented import AGENT_DIR, HOST, Agented, AgentSettings, ServerError
 from .engines import RUNTIME_SLACK, Progress
 from .probe import Probe, Sample
@@ -101,7 +99,7 @@ class ServerEngine:
         model = served(spec)
         self.model, self.geometry, self.weights = model.folder, model.geometry, model.weights
         self.packages = model.packages
-        self._workdir = Path(tempfile.mkdtemp(prefix="kvmem-server-"))
+        self._workdir = workdirs.made(workdirs.SERVER)
         self._agented: Agented | None = None
         self._lock = threading.Lock()
         self._origin: float | None = None  # the baseline's time, on the agent's clock
@@ -116,7 +114,9 @@ class ServerEngine:
         self._ended_early: str | None = None  # why the traffic stopped before its end
         self._noted = 0.0
         self._queued = 0  # open-loop arrivals that waited for a free client
-        self._base: int | None = None  # MLX active bytes at the baseline
+        self._base: dict[str, float] | None = None  # the baseline's sample, as _rest
+        self._rests = 0  # samples at rest after the baseline
+        self._breached: str | None = None  # what the last of them holds over its budget
         self._agent_s = 0.0  # seconds the agent has spent sampling, in all
         self._rest: dict[str, float] | None = None  # the last sample at rest: time, active, ...
 
@@ -216,7 +216,10 @@ class ServerEngine:
             self.probe.spill()
             self._rest = rest
         if self._base is None:
-            self._base = int(rest["active"])
+            self._base = rest
+        else:
+            self._rests += 1
+            self._breached = self._breach(rest, self._base)
         with contextlib.suppress(psutil.Error):  # RSS read from outside, beside the agent's
             outside = psutil.Process(self._running.pid).memory_info().rss
             self._rss_gap = max(self._rss_gap, abs(outside - int(rest["rss"])))
@@ -277,13 +280,12 @@ class ServerEngine:
         with self._lock:
             last, rest = self.probe.last(), self._rest
         parts = [f"{now - self._began:.0f} s"]
-        base = self._base or 0
+        base = int(self._base["active"]) if self._base is not None else 0
         if last is not None:
             parts.append(f"active {format_bytes(int(last['active']) - base, signed=True)}")
         if rest is not None:
             parts.append(f"at rest {format_bytes(int(rest['active']) - base, signed=True)}")
-        breach = self._breach()
-        parts.append(breach or "nothing over its budget so far")
+        parts.append(self._breached or "nothing over its budget so far")
         self.progress(self._served, "[" + ", ".join(parts) + "]")
 
     def _wedged(self, request: int, answers: str) -> str:
@@ -321,30 +323,32 @@ class ServerEngine:
     def _done(self, sent: int) -> bool:
         """The traffic has reached its duration or its count (`max_requests`), or the run its
         first breach of the budget under `fail_fast`."""
-        breach = self._breach() if self.http.fail_fast else None
-        if breach is not None:
-            self._ended_early = f"fail_fast: {breach}"
+        if self.http.fail_fast and self._breached is not None:
+            self._ended_early = f"fail_fast: {self._breached}"
             return True
         if self.http.max_requests is not None and sent >= self.http.max_requests:
             return True
         return (self.http.duration is not None
                 and time.monotonic() - self._began >= self.http.duration)
 
-    def _breach(self) -> str | None:
-        """What the last sample at rest holds over its budget: the stated one
-        (detect.unbounded.budget), else the cache's own cap; None while within."""
-        rest = self._rest
-        if rest is None:
-            return None
-        budget = self.spec.detect.unbounded.budget
-        held = int(rest["logical"])
-        if budget is not None and held > budget:
-            return (f"the components report {format_bytes(held)} at rest at "
-                    f"{float(rest['time']):.1f} s, over the budget of {format_bytes(budget)}")
-        cap = int(rest["cap"])
-        if budget is None and cap > 0 and held > cap:
-            return (f"the cache holds {format_bytes(held)} at rest at {float(rest['time']):.1f} "
-                    f"s, over its own cap of {format_bytes(cap)}")
+    def _breach(self, rest: dict[str, float], base: dict[str, float]) -> str | None:
+        """What a sample at rest holds over its budget: the stated one (detect.unbounded.budget,
+        past its warm-up), else the cache's own cap; None while within. Held and judged by the
+        detectors' own rule (`harness.judge.at_rest`), so a run stops at a point its finding
+        reads, with the same figure."""
+        import pandas as pd
+
+        held = int(held_at_rest(pd.DataFrame([rest]), pd.DataFrame([base])).iloc[0])
+        when = f"at rest at {rest['time']:.1f} s"
+        unbounded = self.spec.detect.unbounded
+        if unbounded.budget is not None:
+            over = Limit().over(held, unbounded.budget) and self._rests > unbounded.warmup
+            return (f"the components hold {mib(held)} MiB {when}, over the budget of "
+                    f"{mib(unbounded.budget)} MiB" if over else None)
+        cap, slack = int(rest["cap"]), self.spec.detect.over_cap
+        if cap > 0 and Limit(slack.min_bytes, slack.ratio, admitted=True).over(held, cap):
+            return (f"the cache holds {mib(held)} MiB {when} against its own {mib(cap)} MiB "
+                    "cap")
         return None
 
     @property
@@ -368,36 +372,42 @@ class ServerEngine:
                 self._at_rest(f"after request {step[-1].index}")
 
     def _open_loop(self, port: int) -> None:
-        """Requests sent at their arrival offsets, whether or not earlier ones are done; every
+        """Requests sent when due (`traffic.Pacer`), whether or not earlier ones are done; every
         `rest_every` seconds the arrivals pause while the requests in flight end, for a sample
         at rest, and the schedule resumes where it stood (the pause does not count as traffic
-        time for the schedule)."""
-        arrivals = traffic.schedule(self.http, self.spec.sampling.seed, self._lines,
-                                    self._passes)
-        start = time.monotonic()
-        rest_due = start + self.http.rest_every
+        time for the schedule). The traffic ends at a rest, where it checks `_done` again: under
+        `fail_fast`, nothing is sent after the rest that breached."""
+        paced = traffic.Pacer(traffic.schedule(self.http, self.spec.sampling.seed, self._lines,
+                                               self._passes))
+        rest_due = time.monotonic() + self.http.rest_every
         pending: set[Future] = set()
-        sent, last = 0, -1  # requests sent, and the index of the last
-        drained = start
+        sent, last, rested = 0, -1, -1  # requests sent, the last one's index, the last rest's
+        drained, ending = time.monotonic(), False
         with ThreadPoolExecutor(OPEN_LOOP_CLIENTS, thread_name_prefix="kvmem-client") as pool:
             try:
-                for offset, call in arrivals:
+                for due, call in paced:
                     if self._done(sent):
                         break
                     while True:  # a rest when due, even while arrivals are late
                         now = time.monotonic()
                         if now >= rest_due:
-                            start += self._rest_pause(pending, last)
+                            paced.pause(self._rest_pause(pending, last))
+                            pending, rested = set(), last
                             rest_due = time.monotonic() + self.http.rest_every
+                            ending = self._done(sent)
+                            if ending:
+                                break
                             continue
                         if now >= drained + DRAIN_EVERY:  # memory in flight, for the note
                             self._command({"op": "rows"}, "while requests were in flight")
                             drained = now
-                        if now >= start + offset:
+                        if now >= due:
                             break
-                        time.sleep(min(start + offset - now, rest_due - now, 0.05))
+                        time.sleep(min(due - now, rest_due - now, 0.05))
                         pending = _settled(pending)
                         self._running.check_alive(f"before request {call.index}")
+                    if ending:
+                        break
                     pending = _settled(pending)
                     if len(pending) >= OPEN_LOOP_CLIENTS:
                         self._queued += 1
@@ -405,7 +415,8 @@ class ServerEngine:
                         pending = _settled(pending)
                     pending.add(pool.submit(self._call, port, call, False))
                     sent, last = sent + 1, call.index
-                self._rest_pause(pending, last)
+                if pending or last != rested:  # the last rest already follows the last request
+                    self._rest_pause(pending, last)
             except BaseException:
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
@@ -453,7 +464,7 @@ class ServerEngine:
                           folder=self.model.name, ready_s=round(self._ready_s, 3),
                           requests=self._served, disconnects=self._disconnects,
                           rss_outside_gap=self._rss_gap, packages=self.packages,
-                          latency=latency(self.probe.requests()), queued=self._queued,
+                          latency=traffic.latency(self.probe.requests()), queued=self._queued,
                           stopped=self._ended_early, agent_s=round(self._agent_s, 6))
 
     def store_stats(self) -> dict[str, int | float] | None:
@@ -475,18 +486,3 @@ def _settled(pending: set[Future]) -> set[Future]:
         future.result()
     return {f for f in pending if not f.done()}
 
-
-def latency(requests: np.ndarray) -> Latency | None:
-    """Time to first token (streamed requests) and total latency over the requests that got
-    their whole reply, in seconds: medians, 95th percentiles and the longest."""
-    whole = requests[requests["disconnected"] == 0]
-    if not len(whole):
-        return None
-    total = whole["done"] - whole["sent"]
-    first = (whole["first"] - whole["sent"])[~np.isnan(whole["first"])]
-    figures = {"total_p50_s": np.median(total), "total_p95_s": np.percentile(total, 95),
-               "total_max_s": total.max()}
-    if len(first):
-        figures.update(ttft_p50_s=np.median(first), ttft_p95_s=np.percentile(first, 95),
-                       ttft_max_s=first.max())
-    return Latency(**{name: round(float(value), 4) for name, value in figures.items()})

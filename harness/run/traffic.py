@@ -1,5 +1,5 @@
-"""HTTP traffic for a server: the requests a scenario's `workload.http` sends, when, and one
-client call.
+"""HTTP traffic for a server: the requests a scenario's `workload.http` sends, when, one client
+call, and the latency the requests had.
 
 Generated traffic is drawn from the seed alone (prompt text from `harness.models.folder.sentence`),
 a replayed trace (`harness.scenario.trace`) is read from its file; only a session's history also
@@ -8,6 +8,9 @@ round is sent together (one thread per client), and the engine samples the serve
 each round. Open loop (`schedule`), each request has an arrival offset: drawn at `rate` from the
 seed (a Poisson process, or evenly spaced), or a trace's own `at`. With `duration` the traffic
 starts over each time it ends (new prompts drawn for each pass; a trace's sessions begin anew).
+`Pacer` says when each arrival is due on the clock: a pass's prompts are drawn as it begins
+(seconds for thousands), and that time, as the engine's pauses for a sample at rest, is left out
+of the schedule, so the rate holds from the first arrival and after each pass's start.
 
 Calls use the standard library's `http.client`: a streamed reply is read as server-sent events
 line by line (the first content chunk's arrival is its time to first token), and a client that
@@ -21,12 +24,13 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ..judge.summary import Latency
 from ..models.folder import sentence
 from ..scenario import trace
 from ..scenario.server import Distinct, HttpSpec, Idle, Sessions, SharedPrefix
@@ -143,6 +147,38 @@ def schedule(http: HttpSpec, seed: int, replayed: list[trace.Line] | None = None
                 sent += 1
                 yield clock, call
         start = clock
+
+
+class Pacer:
+    """When each arrival of `arrivals` (offsets from the start of the traffic, as `schedule`
+    gives them) is due on `clock`: the first at once, each later one at its offset from the
+    first, plus the time spent drawing the arrivals themselves and in `pause`s. Arrivals are
+    then never late because kvmem was busy, and never sent in a burst to catch up."""
+
+    def __init__(self, arrivals: Iterator[tuple[float, Call]],
+                 clock: Callable[[], float] = time.monotonic):
+        self._arrivals = arrivals
+        self._clock = clock
+        self._start: float | None = None  # the clock's time at offset 0
+
+    def __iter__(self) -> Iterator[tuple[float, Call]]:
+        while True:
+            before = self._clock()
+            try:
+                offset, call = next(self._arrivals)
+            except StopIteration:
+                return
+            now = self._clock()
+            if self._start is None:
+                self._start = now - offset
+            else:
+                self._start += now - before
+            yield self._start + offset, call
+
+    def pause(self, seconds: float) -> None:
+        """Hold the schedule for `seconds` (a rest the traffic paused for)."""
+        if self._start is not None:
+            self._start += seconds
 
 
 def _rng(seed: int, number: int, *keys: int) -> np.random.Generator:
@@ -369,3 +405,19 @@ def _streamed(response: http.client.HTTPResponse, call: Call) -> Reply:
             return Reply("".join(parts), 0, chunks, True, first)
     return Reply("".join(parts), int(usage.get("prompt_tokens", 0)),
                  int(usage.get("completion_tokens", 0)), False, first)
+
+
+def latency(requests: np.ndarray) -> Latency | None:
+    """Time to first token (streamed requests) and total latency over the requests that got
+    their whole reply, in seconds: medians, 95th percentiles and the longest."""
+    whole = requests[requests["disconnected"] == 0]
+    if not len(whole):
+        return None
+    total = whole["done"] - whole["sent"]
+    first = (whole["first"] - whole["sent"])[~np.isnan(whole["first"])]
+    figures = {"total_p50_s": np.median(total), "total_p95_s": np.percentile(total, 95),
+               "total_max_s": total.max()}
+    if len(first):
+        figures.update(ttft_p50_s=np.median(first), ttft_p95_s=np.percentile(first, 95),
+                       ttft_max_s=first.max())
+    return Latency(**{name: round(float(value), 4) for name, value in figures.items()})
