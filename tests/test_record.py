@@ -1,7 +1,8 @@
 """`kvmem record -- COMMAND`: a command kvmem did not configure, sampled by its agent until it
 exits, --duration passes or Ctrl-C; the `drift` detector on its samples against time; and
-`--traffic`, a scenario's HTTP traffic sent to it through serve mode. Each recording is a
-Python child importing MLX for a second or three."""
+`--traffic`, a scenario's HTTP traffic sent to it through serve mode; the command's children
+followed, each sampled and summed. Each recording is a Python child importing MLX for a second
+or three."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from harness.judge.detectors import detect_spec
 from harness.judge.over_time import DriftThresholds, drift, fit, parse_rate
 from harness.models.folder import folder
 from harness.models.loading import ModelChoice
+from harness.run.followed import Process, combine
 from harness.run.record import default_name
 from tests.conftest import SMALL_MODEL
 
@@ -52,6 +54,43 @@ FLAT = textwrap.dedent("""
     mx.eval(kept)
     while True:
         time.sleep(0.05)
+""").replace("MiB", str(MiB))
+
+
+# Holds 8 MiB of MLX memory, says so in the file given, and waits to be stopped.
+HOLDS_8_MIB = textwrap.dedent("""
+    import sys, time
+    import mlx.core as mx
+    kept = mx.zeros((8 * MiB // 4,), dtype=mx.float32)
+    mx.eval(kept)
+    open(sys.argv[1], "w").close()
+    time.sleep(120)
+""").replace("MiB", str(MiB))
+# The command itself: starts the work in a child (how: `{start}`), waits until the child holds
+# its memory, lets the agents sample it, and exits 0 (the child is stopped with the group).
+PARENT = textwrap.dedent("""
+    import os, subprocess, sys, time
+    ready = sys.argv[1]
+    {start}
+    while not os.path.exists(ready):
+        time.sleep(0.02)
+    time.sleep(1.5)  # past kvmem's next drain: a process's rows go with it when it exits
+""")
+BY_POPEN = "subprocess.Popen([sys.executable, '-c', {script!r}, ready])"
+BY_FORK = textwrap.dedent("""
+    if os.fork() == 0:
+        sys.argv = [sys.argv[0], ready]
+        exec({script!r})
+""")
+# Holds 1 MiB more of bytes (outside MLX) for every 0.1 s since it began: RSS climbs 10 MiB/s.
+HOST_GROWING = textwrap.dedent("""
+    import time
+    start, kept = time.monotonic(), []
+    while True:
+        due = int((time.monotonic() - start) / 0.1) + 1
+        while len(kept) < due:
+            kept.append(b"\x01" * MiB)
+        time.sleep(0.02)
 """).replace("MiB", str(MiB))
 
 
@@ -169,7 +208,8 @@ def test_ctrl_c_stops_the_command_and_writes_the_report(tmp_path: Path) -> None:
     kvmem = subprocess.Popen(
         [sys.executable, "-m", "harness", "record", "--out", str(tmp_path), "--name", "intr",
          "--", sys.executable, "-c", GROWING],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=_default_sigint)
     try:
         command = _first_child(kvmem.pid)
         descendants = [command, *command.children(recursive=True)]
@@ -184,6 +224,12 @@ def test_ctrl_c_stops_the_command_and_writes_the_report(tmp_path: Path) -> None:
     assert summary(tmp_path, "intr")["status"] == "ok"
     assert len(samples(tmp_path, "intr")) > 0
     assert not [p for p in descendants if _alive(p)]
+
+
+def _default_sigint() -> None:
+    """Ctrl-C's default in the child, whatever the suite inherited (`nohup`, a background job
+    of a script, a CI runner ignore it): Python then turns it into KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _first_child(pid: int) -> psutil.Process:
@@ -202,6 +248,80 @@ def _alive(process: psutil.Process) -> bool:
         return process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+# -- the command's children ------------------------------------------------------------------
+
+@pytest.mark.parametrize(("how", "start"), [("popen", BY_POPEN), ("fork", BY_FORK)])
+def test_mlx_work_in_a_child_is_sampled_reported_per_process_and_summed(
+        tmp_path: Path, how: str, start: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The command's MLX work runs in a child (`subprocess.Popen` of Python, `os.fork`): the
+    child's agent samples it, the summary lists both processes, and the report's samples are
+    their sum, exact to the byte."""
+    parent = PARENT.format(start=start.format(script=HOLDS_8_MIB))
+    command = [sys.executable, "-c", parent, str(tmp_path / "ready")]
+    assert record(tmp_path, "--name", how, command=command) == 0
+    found = summary(tmp_path, how)
+    first, child = found["model"]["processes"]
+    assert first["active"] == 0 and child["active"] == child["active_max"] == 8 * MiB
+    assert child["parent"] == first["pid"] and child["forked"] is (how == "fork")
+    assert child["samples"] > 0 and child["rss"] > 8 * MiB
+    rows = samples(tmp_path, how)
+    assert rows["active"].max() == 8 * MiB  # the first process's 0 B and the child's 8 MiB
+    per_process = pd.read_csv(tmp_path / "record" / how / "processes.csv")
+    assert set(per_process["pid"]) == {first["pid"], child["pid"]}
+    assert per_process[per_process["pid"] == child["pid"]]["active"].max() == 8 * MiB
+    assert "never moved" not in " ".join(found["model"]["notes"])
+    assert f"process {child['pid']}" in capsys.readouterr().out
+
+
+def test_combine_sums_each_process_at_its_latest_sample() -> None:
+    """A child counts from its first sample; one that exited counts nothing after its last."""
+    def process(pid: int, rows: list[tuple[float, int]], exited: bool = False) -> Process:
+        kept = Process(pid, None, "python", False, exited=exited)
+        kept.rows = [(t, a, a, 0, a + 10, 0, 0, 0) for t, a in rows]
+        return kept
+
+    rows = combine([process(1, [(10.0, 1), (10.2, 2), (10.4, 4)]),
+                    process(2, [(10.1, 100), (10.3, 200)], exited=True),
+                    process(3, [(10.3, 1000)])])
+    assert rows["time"].tolist() == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
+    assert rows["active"].tolist() == [1, 101, 102, 1202, 1004]
+    assert rows["rss"].tolist() == [11, 121, 122, 1232, 1024]
+    assert combine([]).size == 0
+
+
+def test_a_command_that_never_moves_mlx_but_grows_rss_is_found(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """RSS is judged as MLX is: 10 MiB/s of bytes on the host is drift, and the report says
+    that MLX never moved."""
+    assert record(tmp_path, "--name", "host", "--duration", "2.5", script=HOST_GROWING) == 0
+    found = summary(tmp_path, "host")
+    (finding,) = found["findings"]
+    assert finding["kind"] == "drift" and finding["severity"] == "warning"
+    assert abs(finding["bytes"] - 10 * MiB) <= 0.2 * 10 * MiB
+    assert finding["message"].startswith("MLX active memory grows 0 B/s")
+    assert "; RSS grows" in finding["message"]
+    assert finding["message"].endswith("against the first; with no budget stated")
+    (note,) = found["model"]["notes"]
+    assert note.startswith("MLX active memory never moved from 0 B in the 1 process kvmem sampled")
+    assert "note: MLX active memory never moved" in capsys.readouterr().out
+
+    assert record(tmp_path, "--name", "host_over", "--duration", "2.5", "--budget", "4 MiB",
+                  script=HOST_GROWING) == 1
+    (finding,) = summary(tmp_path, "host_over")["findings"]
+    assert finding["severity"] == "error"
+    assert "RSS grows" in finding["message"] and "over the budget of 4 MiB" in finding["message"]
+
+
+def test_a_child_kvmem_cannot_sample_is_named(tmp_path: Path) -> None:
+    """A child that is not Python runs no agent: the report names it."""
+    script = "import subprocess, time; subprocess.Popen(['sleep', '30']); time.sleep(60)"
+    assert record(tmp_path, "--name", "sleeper", "--duration", "1.5", script=script) == 0
+    notes = summary(tmp_path, "sleeper")["model"]["notes"]
+    assert any(note.startswith("the command started 1 process kvmem could not sample")
+               and note.endswith("sleep 30 (pid " + note.rsplit("(pid ", 1)[1])
+               for note in notes), notes
 
 
 # -- bad input ------------------------------------------------------------------------------
@@ -303,6 +423,22 @@ def test_drift_fits_bytes_per_second_and_grades_by_budget() -> None:
     assert "within the budget of 21 MiB and 11 MiB/s" in within.message
     fast = drift(growing, DriftThresholds(rate=9 * MiB), "cpu")
     assert fast is not None and "faster than the 9 MiB/s allowed" in fast.message
+
+
+def test_drift_judges_rss_as_it_judges_mlx() -> None:
+    """A flat MLX line beside RSS climbing 10 MiB/s: a warning from RSS, an error past the
+    budget, with RSS's slope as the finding's bytes."""
+    host = recorded([0] * 21).assign(rss=[100 * MiB + i * MiB for i in range(21)])
+    warned = drift(host, DriftThresholds(), "cpu")
+    assert warned is not None and warned.severity == "warning" and warned.bytes == 10 * MiB
+    assert warned.message == (
+        "MLX active memory grows 0 B/s over 2.0 s (fit r²=0.000): ±0 B fitted, the last sample "
+        "±0 B against the first; RSS grows 10 MiB/s over 2.0 s (fit r²=1.000): +20 MiB fitted, "
+        "the last sample +20 MiB against the first; with no budget stated")
+    over = drift(host, DriftThresholds(budget=19 * MiB), "cpu")
+    assert over is not None and over.severity == "error"
+    assert over.message.endswith("the fitted growth is over the budget of 19 MiB; the last "
+                                 "sample is over the budget of 19 MiB")
 
 
 def test_drift_leaves_flat_noisy_small_and_scenario_runs_alone() -> None:

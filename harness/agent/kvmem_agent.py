@@ -8,9 +8,9 @@ run in another environment than kvmem's. kvmem's in-process probe imports the re
 Protocol (version 1), over `multiprocessing.connection` with the key kvmem gives:
 
 - the agent connects to `KVMEM_AGENT` (host:port) with `KVMEM_AGENT_KEY` (hex) and sends
-  `{"hello": 1, "pid", "python", "mlx", "errors"}`; `errors` lists what it could not
-  set up (a logical path or a plugin that does not import), which kvmem reports as the run's
-  failure;
+  `{"hello": 1, "pid", "parent", "argv", "forked", "python", "mlx", "errors"}`; `errors` lists
+  what it could not set up (a logical path or a plugin that does not import), which kvmem
+  reports as the run's failure;
 - then it answers each command with `{"rows": [...], "now": t, "busy": s, "replaced": r}`, the
   rows sampled since its last answer (`busy`: the CPU seconds its sampling took, in all;
   `replaced`: None, or which of MLX's counters the server's code replaced, which kvmem reports
@@ -34,6 +34,9 @@ the bytes each allows itself: an attribute path of those instances (`max_bytes`)
 class's (`module:Class.attribute.path`, as mlx_lm.server's `--prompt-cache-bytes` on its parsed
 arguments): `cap` is their sum, 0 where one does not say (None, or 2**53 bytes or more).
 `KVMEM_AGENT_PLUGINS` lists modules to import first, separated by commas (a canary's).
+
+`KVMEM_AGENT_FOLLOW` (`kvmem record`): the agent is started by `kvmem_follow` instead, which
+follows the process's children.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import gc
+import hmac  # noqa: F401  # imported by connecting (below)
 import importlib
 import os
 import signal
@@ -49,11 +53,14 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from multiprocessing.connection import Client
 from typing import Any, NamedTuple
+
+# hmac and Client: here, not in the agent's thread (a fork mid-import leaves a module half made)
 
 PROTOCOL = 1
 VARIABLES = ("KVMEM_AGENT", "KVMEM_AGENT_KEY", "KVMEM_AGENT_PERIOD", "KVMEM_AGENT_LOGICAL",
-             "KVMEM_AGENT_CAP", "KVMEM_AGENT_PLUGINS")
+             "KVMEM_AGENT_CAP", "KVMEM_AGENT_PLUGINS", "KVMEM_AGENT_FOLLOW")
 NO_CAP = 2**53  # a cap this large, or larger (mlx-lm's default is 2**63), caps nothing
 # What a sample's process was doing: a step of kvmem's own loop (at rest, a prefill chunk, a
 # decode step, a store's fetch, store or eviction), or in a server a request boundary ("request")
@@ -314,21 +321,39 @@ class Agent:
     """Samples on a period in one thread and answers kvmem's commands in another, reading MLX
     through `counters` (bound now unless given: bind them before the server's code imports)."""
 
-    def __init__(self, period: float, tracked: Tracked | None, counters: Counters | None = None):
+    def __init__(self, period: float, tracked: Tracked | None, counters: Counters | None = None,
+                 lazy: bool = False):
         self.period = period
         self.tracked = tracked
-        self.counters = counters or bind()
+        self.lazy = lazy  # a followed child binds MLX once it has imported it, not before
+        self.counters = counters if counters is not None or lazy else bind()
         self.replaced: str | None = None  # the first replacement of a counter seen
-        self._lock = threading.Lock()
-        self._rows: list[tuple] = []
         self._request = -1
         self._turn = -1
+        self._connection: Any = None
+        self.fresh()
+
+    def fresh(self) -> None:
+        """The state one process's sampling starts from; again in a forked child, where the
+        parent's connection is closed (it would keep kvmem's end open once the parent is gone)."""
+        if self._connection is not None:
+            self._connection = self._connection.close()  # None
+        self.lock = threading.Lock()
+        self._rows: list[tuple] = []
         self._last_active = self._active()
         self._stop = threading.Event()
         self._busy = 0.0  # CPU seconds spent taking samples, in all
 
     def _active(self) -> int:
         return 0 if self.counters is None else int(self.counters.active())
+
+    def _bound(self) -> Counters | None:
+        """The counters, bound now where this process has imported MLX since (lazy only)."""
+        if self.counters is None and self.lazy:
+            mx = sys.modules.get("mlx.core")
+            if mx is not None and all(hasattr(mx, name) for name in COUNTERS):
+                self.counters = Counters(mx)
+        return self.counters
 
     def logical(self) -> tuple[int, int, int]:
         """What the tracked instances hold: bytes, entries, and the bytes they allow themselves."""
@@ -337,8 +362,8 @@ class Agent:
     def take(self, phase: str, cyclic: int = 0, tokens: int = 0) -> None:
         """One row now; the peak counter starts again from here."""
         began = time.thread_time()
-        with self._lock:
-            counters = self.counters
+        with self.lock:
+            counters = self._bound()
             active = self._active()
             peak, cache = 0, 0
             if counters is not None:
@@ -356,7 +381,7 @@ class Agent:
             self._busy += time.thread_time() - began
 
     def drain(self) -> dict:
-        with self._lock:
+        with self.lock:
             rows, self._rows = self._rows, []
             return {"rows": rows, "now": time.monotonic(), "busy": self._busy,
                     "replaced": self.replaced}
@@ -399,16 +424,15 @@ class Agent:
         down once the hooks have run, and a daemon thread still reading it then can crash the
         exit of a server that ended on its own."""
         self._stop.set()
-        self._lock.acquire()  # held until the process ends: a sample in progress finishes first
+        self.lock.acquire()  # held until the process ends: a sample in progress finishes first
 
     def serve(self, address: tuple[str, int], key: bytes, hello: dict) -> None:
         """Connect, say hello, then answer commands until kvmem stops or goes."""
-        from multiprocessing.connection import Client
-
         try:
             connection = Client(address, authkey=key)
         except OSError:
             return  # kvmem is gone: the server runs on unobserved
+        self._connection = connection
         with connection:
             connection.send(hello)
             threading.Thread(target=self.sample, name="kvmem-agent-sampler", daemon=True).start()
@@ -430,13 +454,16 @@ def _orphaned() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def start_from_environment() -> Agent:
+Follow = Callable[["Agent", tuple[str, int], bytes, dict], None]
+
+
+def start_from_environment(follow: Follow | None = None) -> Agent:
     """Set up from the KVMEM_AGENT* variables (removed from this process's environment, so the
-    server's own children start no agent) and connect in a daemon thread. MLX's counters are
-    bound first: the plugins and the logical class are the server's code."""
+    server's own children start no agent) and connect in a daemon thread; `follow` is called
+    first, with what the agent connects with. MLX's counters are bound first: the plugins and
+    the logical class are the server's code."""
     counters = bind()
     settings = {name: os.environ.pop(name, "") for name in VARIABLES}
-    host, _, port = settings["KVMEM_AGENT"].rpartition(":")
     errors: list[str] = []
     for plugin in filter(None, settings["KVMEM_AGENT_PLUGINS"].split(",")):
         try:
@@ -452,10 +479,22 @@ def start_from_environment() -> Agent:
             errors.append(f"logical {settings['KVMEM_AGENT_LOGICAL']}{cap}: "
                           f"{type(exc).__name__}: {exc}")
     agent = Agent(float(settings["KVMEM_AGENT_PERIOD"] or 0.1), tracked, counters)
-    atexit.register(agent.quiesce)
     mx = None if counters is None else counters.mx
-    hello = {"hello": PROTOCOL, "pid": os.getpid(), "python": sys.version.split()[0], "errors": errors,
-             "mlx": None if mx is None else getattr(mx, "__version__", "unknown")}
-    threading.Thread(target=agent.serve, args=((host, int(port)), bytes.fromhex(
-        settings["KVMEM_AGENT_KEY"]), hello), name="kvmem-agent", daemon=True).start()
+    version = None if mx is None else getattr(mx, "__version__", "unknown")
+    connect(agent, settings, errors, version, follow)
     return agent
+
+
+def connect(agent: Agent, settings: dict[str, str], errors: list[str], mlx: str | None,
+            follow: Follow | None = None) -> None:
+    """Quiesce the agent at exit, call `follow` where given, and connect in a daemon thread."""
+    atexit.register(agent.quiesce)
+    host, _, port = settings["KVMEM_AGENT"].rpartition(":")
+    address, key = (host, int(port)), bytes.fromhex(settings["KVMEM_AGENT_KEY"])
+    hello = {"hello": PROTOCOL, "pid": os.getpid(), "parent": os.getppid(),
+             "argv": list(getattr(sys, "orig_argv", sys.argv)), "forked": False,
+             "python": sys.version.split()[0], "errors": errors, "mlx": mlx}
+    if follow is not None:
+        follow(agent, address, key, hello)
+    threading.Thread(target=agent.serve, args=(address, key, hello), name="kvmem-agent",
+                     daemon=True).start()

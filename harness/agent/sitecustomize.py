@@ -1,7 +1,8 @@
 """Started by Python in every interpreter whose `PYTHONPATH` holds this folder: kvmem puts it
-there for a server it starts. The agent starts only where `KVMEM_AGENT` is set, and only in the
-first process of the command (it removes the variable from its own environment, so the
-server's own children run without it). Another `sitecustomize` further along `sys.path` (a
+there for a server it starts. The agent starts only where `KVMEM_AGENT` is set: in the first
+process of the command alone (it removes the variable from its own environment, so the
+server's own children run without it), or, where `kvmem record` follows the command's children
+(`KVMEM_AGENT_FOLLOW`), in every Python process it starts. Another `sitecustomize` further along `sys.path` (a
 distribution's own) still runs after it."""
 
 import importlib.util
@@ -23,7 +24,11 @@ def _chain() -> None:
             return
 
 
-if os.environ.get("KVMEM_AGENT"):
+if os.environ.get("KVMEM_AGENT_FOLLOW"):
+    import kvmem_follow  # type: ignore[import-not-found]  # beside this file, on PYTHONPATH
+
+    kvmem_follow.start_from_environment()
+elif os.environ.get("KVMEM_AGENT"):
     import kvmem_agent  # type: ignore[import-not-found]  # beside this file, on PYTHONPATH
 
     kvmem_agent.start_from_environment()

@@ -63,6 +63,8 @@ def record(args: argparse.Namespace, console: Console) -> int:
     console.print(term.results([done.summary]))
     term.details(console, [done.summary])
     term.failures(console, [done.summary])
+    for line in recorder.seen(done.summary):
+        console.print(line, highlight=False)
     if done.trend and not any(f.kind == "drift" for f in done.summary.findings):
         console.print(done.trend, highlight=False)  # a drift finding says it already
     log = settings.folder / "command.log"
@@ -125,10 +127,12 @@ def add(sub: argparse._SubParsersAction) -> None:
                            help="the bytes that count allows itself, as server.cap (default: "
                                 "none)")
     recording.add_argument("--budget", type=size, metavar="SIZE",
-                           help="the most MLX active memory above the first sample, on the "
-                                "fitted trend and at the last sample, e.g. '512 MiB'")
+                           help="the most MLX active memory, and the most RSS, above the first "
+                                "sample, on the fitted trend and at the last sample, e.g. "
+                                "'512 MiB'")
     recording.add_argument("--max-growth", type=rate, metavar="RATE",
-                           help="the most the fitted trend may climb, e.g. 5MiB/s")
+                           help="the most either fitted trend (MLX's, RSS's) may climb, e.g. "
+                                "5MiB/s")
     recording.add_argument("--ready-timeout", type=options.seconds, metavar="S",
                            help="seconds the agent has to connect (default: 120)")
     recording.add_argument("--traffic", metavar="FILE",

@@ -9,10 +9,13 @@ it, so one cause is never reported twice. (A server's open-loop run marks no req
 short to rest three times is read as a recording is.)
 
 drift      over the samples on the period ("serve"), on a run with no "request" sample and
-           fewer than 3 at rest: the least-squares line of a − a_0 against time, slope σ
-           (bytes per second), r², span T, fitted growth G = σ T, last sample L = a_last − a_0.
-           An error where G > budget or L > budget, or σ > rate; else a warning where σ > 0,
-           G ≥ min_bytes and r² ≥ r2. The message gives σ, G, L and r², and RSS's own line.
+           fewer than 3 at rest, for MLX active memory a and RSS alike: the least-squares line
+           of a − a_0 against time, slope σ (bytes per second), r², span T, fitted growth
+           G = σ T, last sample L = a_last − a_0. An error where either series has G > budget
+           or L > budget, or σ > rate; else a warning where either has σ > 0, G ≥ min_bytes
+           and r² ≥ r2 (memory held outside MLX drifts as MLX's does). The message gives σ, G,
+           L and r² of both lines and the verdict on each that breaches or grows; the finding's
+           bytes are the slope of the first of them that decides its severity.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ if TYPE_CHECKING:
 MiB = 2**20
 MIN_SAMPLES = 3  # a line through fewer says nothing
 MAX_AT_REST = 3  # a run with this many samples at rest or more has memory at rest to judge
+SERIES = (("active", "MLX active memory"), ("rss", "RSS"))  # what drift fits, in this order
 
 
 def parse_rate(value: Any) -> int:
@@ -46,10 +50,10 @@ Rate = Annotated[int, BeforeValidator(parse_rate)]
 
 
 class DriftThresholds(Thresholds):
-    """`budget`: the most MLX active memory above the first sample (judged on the fitted growth
-    over the run and on the last sample); `rate`: the most bytes per second the fitted line may
-    climb. Without either, growth of at least `min_bytes` over the run on a line that fits
-    (r² ≥ `r2`) is a warning."""
+    """`budget`: the most MLX active memory, and the most RSS, above the first sample (judged on
+    the fitted growth over the run and on the last sample); `rate`: the most bytes per second
+    either fitted line may climb. Without either, growth of at least `min_bytes` over the run on
+    a line that fits (r² ≥ `r2`) is a warning."""
 
     budget: Size | None = None
     rate: Rate | None = None
@@ -132,28 +136,53 @@ def describe(rows: pd.DataFrame, column: str, line: Line) -> str:
             f"sample {format_bytes(last, signed=True)} against the first")
 
 
-def drift(frame: pd.DataFrame, t: DriftThresholds, backend: str) -> Finding | None:
-    """Drift: MLX active memory of a recorded process trending up against time.
+@dataclass(frozen=True)
+class Judged:
+    """One series of a recording against drift's thresholds: its line, the budgets it breaches
+    and whether it grows enough, on a line that fits, to be worth a warning."""
 
-    An error when a stated budget is breached (`budget`: the fitted growth over the run, or the
-    last sample, above it; `rate`: the slope above it); otherwise a warning where the line
-    climbs at least `min_bytes` over the run and fits (r² ≥ `r2`): a process that allocates and
-    frees as it works scatters around a flat line, fits poorly, and gives nothing.
+    line: Line
+    text: str  # `MLX active memory grows ... against the first`
+    breaches: list[str]
+    growing: bool
+
+    def said(self, t: DriftThresholds) -> str:
+        """Its line, with its verdict where it has one."""
+        verdict = "; ".join(self.breaches) if self.breaches else (
+            _within(t) if self.growing else "")
+        return f"{self.text}; {verdict}" if verdict else self.text
+
+
+def _judge(rows: pd.DataFrame, column: str, name: str, t: DriftThresholds) -> Judged | None:
+    line = fit(rows["time"], rows[column])
+    if line is None:
+        return None
+    last = int(rows[column].iloc[-1]) - int(rows[column].iloc[0])
+    growing = line.slope > 0 and line.growth >= t.min_bytes and line.r2 >= t.r2
+    return Judged(line, f"{name} {describe(rows, column, line)}", _breaches(t, line, last),
+                  growing)
+
+
+def drift(frame: pd.DataFrame, t: DriftThresholds, backend: str) -> Finding | None:
+    """Drift: MLX active memory, or RSS, of a recorded process trending up against time.
+
+    An error when a stated budget is breached by either (`budget`: the fitted growth over the
+    run, or the last sample, above it; `rate`: the slope above it); otherwise a warning where a
+    line climbs at least `min_bytes` over the run and fits (r² ≥ `r2`): a process that
+    allocates and frees as it works scatters around a flat line, fits poorly, and gives
+    nothing. RSS is judged as MLX is: a command that holds bytes on the host, or does its MLX
+    work where the agent cannot read MLX's counters, drifts there alone.
     """
     rows = in_flight(frame)
-    line = None if rows is None else fit(rows["time"], rows["active"])
-    if rows is None or line is None:
+    if rows is None:
         return None
-    last = int(rows["active"].iloc[-1]) - int(rows["active"].iloc[0])
-    breaches = _breaches(t, line, last)
-    growing = line.slope > 0 and line.growth >= t.min_bytes and line.r2 >= t.r2
-    if not breaches and not growing:
+    judged = [j for column, name in SERIES if (j := _judge(rows, column, name, t)) is not None]
+    lead = (next((j for j in judged if j.breaches), None)
+            or next((j for j in judged if j.growing), None))
+    if lead is None:
         return None
-    severity: Severity = "error" if breaches else "warning"
-    rss = fit(rows["time"], rows["rss"])
-    tail = "" if rss is None else f"; RSS {describe(rows, 'rss', rss)}"
-    verdict = "; ".join(breaches) if breaches else _within(t)
+    severity: Severity = "error" if lead.breaches else "warning"
     return Finding(
-        kind="drift", step=int(rows["step"].iloc[-1]), bytes=round(line.slope), count=len(rows),
-        message=f"MLX active memory {describe(rows, 'active', line)}; {verdict}{tail}",
+        kind="drift", step=int(rows["step"].iloc[-1]), bytes=round(lead.line.slope),
+        count=len(rows), message="; ".join(j.said(t) for j in judged),
         steps=listed(rows["step"]), severity=severity)

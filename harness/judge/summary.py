@@ -205,7 +205,8 @@ class Latency(_Given):
 
 class ModelFacts(_Given):
     """The real model a run served, as its engine reports it: every engine says what it is,
-    the mlx_lm engine its quantization, the server engine its folder and its traffic."""
+    the mlx_lm engine its quantization, the server engine its folder and its traffic, a
+    recording the processes it sampled and what it could not see."""
 
     engine: StrictStr | None = None
     name: StrictStr | None = None
@@ -225,6 +226,10 @@ class ModelFacts(_Given):
     queued: StrictInt | None = None
     stopped: StrictStr | None = None  # why the traffic ended before its end (fail_fast)
     agent_s: Figure = None  # seconds kvmem's agent spent sampling inside the server, in all
+    # A recording's: each process sampled (pid, parent, command, forked, samples, MLX active and
+    # RSS at its last sample, the highest active, whether it exited), and what it could not see.
+    processes: list[dict[str, Any]] | None = None
+    notes: list[StrictStr] | None = None
 
 
 class Recorded(BaseModel):

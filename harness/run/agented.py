@@ -7,6 +7,11 @@ sampled. The process gets its own session (so a Ctrl-C in kvmem's terminal reach
 decides), dies with the process that started it on Linux (`PR_SET_PDEATHSIG`), and `stop` ends
 its whole process group, gently and then by force. Whatever goes wrong becomes a `ServerError`
 with the tail of the process's output.
+
+Where the command's children are followed (`kvmem record`), the listener stays open: the agent
+of every other Python process the command starts connects to it too (`Followers`), each with
+its own hello, and is closed with the command (a child that left the process group then kills
+itself, its agent's connection gone).
 """
 
 from __future__ import annotations
@@ -15,10 +20,12 @@ import contextlib
 import functools
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any
@@ -32,6 +39,7 @@ AGENT_DIR = Path(kvmem_agent.__file__).parent
 HOST = "127.0.0.1"
 LOG_TAIL_LINES = 20
 STOP_GRACE = 10.0  # seconds a process has to exit on SIGTERM before it is killed
+HELLO_TIMEOUT = 10.0  # seconds a follower's agent has to say hello once connected
 
 
 class ServerError(RunFailure):
@@ -41,12 +49,14 @@ class ServerError(RunFailure):
 
 @dataclass(frozen=True)
 class AgentSettings:
-    """What the agent inside reads: its period, the logical size and cap, plugins to import."""
+    """What the agent inside reads: its period, the logical size and cap, plugins to import, and
+    whether it follows the command's children."""
 
     period: float = 0.1
     logical: str | None = None
     cap: str | None = None
     plugins: tuple[str, ...] = ()
+    follow: bool = False
 
 
 class Agented:
@@ -62,6 +72,8 @@ class Agented:
         self.what = what  # how messages name the process
         self.process: subprocess.Popen | None = None
         self.connection: Connection | None = None
+        self.hello: dict[str, Any] = {}  # what the first agent said of its process
+        self.followers: Followers | None = None  # the other processes' agents, where followed
 
     # -- starting ---------------------------------------------------------------------------
 
@@ -80,6 +92,7 @@ class Agented:
             "KVMEM_AGENT_LOGICAL": self.settings.logical or "",
             "KVMEM_AGENT_CAP": self.settings.cap or "",
             "KVMEM_AGENT_PLUGINS": ",".join(self.settings.plugins),
+            "KVMEM_AGENT_FOLLOW": "1" if self.settings.follow else "",  # kvmem_follow's FOLLOW
         })
         return env
 
@@ -87,7 +100,8 @@ class Agented:
         """Launch the command and wait (until `deadline`, on the monotonic clock; `timeout` is
         how long that was, for messages) for its agent to connect and say hello."""
         key = os.urandom(32)
-        with Listener((HOST, 0), authkey=key) as listener:
+        listener = Listener((HOST, 0), authkey=key)
+        try:
             with open(self.log, "wb") as log:
                 try:
                     self.process = subprocess.Popen(
@@ -99,6 +113,13 @@ class Agented:
                     raise ServerError(f"cannot start {self.what} {self.command[0]!r}: "
                                       f"{exc.strerror or exc}") from None
             self.connection = self._accept(listener, deadline, timeout)
+        except BaseException:
+            listener.close()
+            raise
+        if self.settings.follow:
+            self.followers = Followers(listener)
+        else:
+            listener.close()
 
     def _accept(self, listener: Listener, deadline: float, timeout: float) -> Connection:
         """The agent's connection and its hello, while watching the process and the clock."""
@@ -128,6 +149,7 @@ class Agented:
         if hello.get("errors"):
             raise self.failure(f"the agent in {self.what} could not set up: "
                                + "; ".join(hello["errors"]))
+        self.hello = hello
         return connection
 
     # -- talking to the agent -----------------------------------------------------------------
@@ -195,6 +217,55 @@ class Agented:
             self.connection.close()
         if self.process is not None:
             stop_group(self.process)
+        if self.followers is not None:
+            self.followers.close()
+
+
+class Followers:
+    """The agents of a followed command's other processes, accepted as they connect: `joined`
+    hands over those new since it was last asked, each with its hello."""
+
+    def __init__(self, listener: Listener):
+        self.listener = listener
+        self._lock = threading.Lock()
+        self._new: list[tuple[Connection, dict[str, Any]]] = []
+        self._all: list[Connection] = []
+        self._closing = False
+        self._thread = threading.Thread(target=self._accept, name="kvmem-followers", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._closing:
+            try:
+                connection = self.listener.accept()
+            except (OSError, EOFError, AuthenticationError):
+                continue  # a caller that hung up or had the wrong key; or closing
+            hello = None
+            with contextlib.suppress(OSError, EOFError):
+                if not self._closing and connection.poll(HELLO_TIMEOUT):
+                    hello = connection.recv()
+            with self._lock:
+                self._all.append(connection)
+                if isinstance(hello, dict) and hello.get("hello") == kvmem_agent.PROTOCOL:
+                    self._new.append((connection, hello))
+
+    def joined(self) -> list[tuple[Connection, dict[str, Any]]]:
+        with self._lock:
+            new, self._new = self._new, []
+        return new
+
+    def close(self) -> None:
+        """Stop accepting (a connection of its own wakes the waiting `accept`) and hang up on
+        every follower."""
+        self._closing = True
+        with contextlib.suppress(OSError):
+            socket.create_connection(self.listener.address, timeout=1.0).close()
+        self._thread.join(STOP_GRACE)
+        self.listener.close()
+        with self._lock:
+            for connection in self._all:
+                connection.close()
+            self._all.clear()
 
 
 def stop_group(process: subprocess.Popen) -> None:

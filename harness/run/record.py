@@ -9,6 +9,10 @@ clients do: without request boundaries, the samples are judged against time (`dr
 harness.judge.over_time). With `--traffic`, a scenario's HTTP traffic is sent to it instead,
 through serve mode itself (`with_command`).
 
+The agent follows the command's Python children (`subprocess`, `multiprocessing`, `os.fork`),
+each sampled on its own and summed (`harness.run.followed`): `processes.csv` holds every
+process's rows, the summary each one's figures and what kvmem could not see.
+
 The command's output goes to a log beside the report while it runs, moved into the report
 folder at the end (`command.log`). The command never outlives kvmem: it is stopped, with its
 process group, however the recording ends, and the report is written on Ctrl-C too (a second
@@ -50,7 +54,8 @@ from ..scenario import Variant
 from ..scenario.server import ServerSpec
 from .agented import Agented, AgentSettings, ServerError
 from .environment import environment as describe_environment
-from .probe import Probe, Sample, to_frame
+from .followed import REPLY_TIMEOUT, Family, combine
+from .probe import to_frame
 from .server_engine import free_port
 from .suite import write
 
@@ -60,9 +65,9 @@ if TYPE_CHECKING:
 
 SCENARIO = "record"  # reports go to OUT/record/<name>/, the scenario a summary names
 DRAIN_EVERY = 1.0    # seconds between two drains of the agent's rows
-REPLY_TIMEOUT = 30.0  # seconds the agent may take to answer a drain
 QUIET_EVERY = 10.0   # seconds between two progress lines where no terminal shows a live one
 PORT = "{port}"
+PROCESSES = "processes.csv"  # every process's own rows, in the report folder
 _PYTHON = re.compile(r"^(python[0-9.]*|pypy[0-9.]*)$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -145,8 +150,9 @@ def placed(command: list[str]) -> tuple[list[str], int | None]:
 # -- sampling ----------------------------------------------------------------------------------
 
 class Session:
-    """The command with its agent, and the probe its rows go into: `start`, `watch` until an
-    ending, `stop` (a last drain, then the whole process group)."""
+    """The command with its agents (its first process's and each child's), and the rows they
+    send: `start`, `watch` until an ending, `stop` (a last drain, then the whole process
+    group)."""
 
     def __init__(self, settings: Settings, words: list[str]):
         self.settings = settings
@@ -154,16 +160,17 @@ class Session:
         # (`tail -f`), and what it printed before kvmem stopped it is there.
         env = {"PYTHONUNBUFFERED": "1", **os.environ}
         self.agented = Agented(words, env, AgentSettings(
-            settings.period, settings.logical, settings.cap), settings.log, what="the command")
-        self.probe = Probe()
-        self.origin: float | None = None  # the first row's time, on the agent's clock
+            settings.period, settings.logical, settings.cap, follow=True), settings.log,
+            what="the command")
+        self.family: Family | None = None  # the command's processes, once the first is up
         self.began: float | None = None   # when sampling began, on kvmem's monotonic clock
-        self._asking = False  # a drain in progress: cut short, its answer is not to be read
+        self._asking = False  # a drain in progress: cut short, its answers are not to be read
         self._stopped = False
 
     def start(self) -> None:
         timeout = self.settings.ready_timeout
         self.agented.start(time.monotonic() + timeout, timeout)
+        self.family = Family(self.agented.hello)
         self.began = time.monotonic()
 
     @property
@@ -171,7 +178,7 @@ class Session:
         return 0.0 if self.began is None else time.monotonic() - self.began
 
     def drain(self, when: str) -> bool:
-        """The rows sampled since the last drain, into the probe; False where the command has
+        """The rows every process sampled since the last drain; False where the command has
         exited meanwhile. A counter the command's code replaced fails the recording."""
         self._asking = True
         try:
@@ -181,15 +188,16 @@ class Session:
             if self.agented.exited(wait=1.0) is not None:
                 return False
             raise
+        assert self.family is not None
+        self.family.kept(self.family.processes[0], answer)
+        self.family.drain(self.agented.followers, when)
         self._asking = False
-        for row in answer["rows"]:
-            sample = Sample._make(row)
-            if self.origin is None:
-                self.origin = sample.time
-            self.probe.add(sample._replace(time=sample.time - self.origin))
-        if answer.get("replaced"):
-            raise ServerError(answer["replaced"])
+        self.family.look(self.agented.pid)
         return True
+
+    def rows(self) -> np.ndarray:
+        """The report's samples: the processes' sum."""
+        return combine([] if self.family is None else self.family.processes)
 
     def watch(self, ticker: Ticker) -> Ending:
         """Drain about once a second until the command exits or `duration` passes."""
@@ -204,7 +212,7 @@ class Session:
                 return Ending("ok", f"stopped after --duration {duration:g} s")
             if now >= following:
                 if self.drain("while recording"):
-                    ticker.show(self.probe.rows(), self.elapsed)
+                    ticker.show(self.rows(), self.elapsed)
                 following = now + DRAIN_EVERY
             time.sleep(0.05)
 
@@ -221,8 +229,9 @@ class Session:
         return Ending("failed", "the recording failed", str(exc), code)
 
     def stop(self) -> None:
-        """A last drain while the command still runs (not after a drain cut short: its answer
-        would be read as the next), then the agent and the command's whole process group."""
+        """A last drain (not after a drain cut short: its answers would be read as the next):
+        of every process while the command still runs, else of the children it left; then the
+        agents and the command's whole process group."""
         if self._stopped:
             return
         self._stopped = True
@@ -230,14 +239,15 @@ class Session:
             running = self.agented.process is not None and self.agented.exited() is None
             if running and self.agented.connection is not None and not self._asking:
                 self.drain("at the end of the recording")
+            elif self.family is not None and not self._asking:
+                self.family.drain(self.agented.followers, "at the end of the recording")
         except ServerError:
             pass  # what was drained before is kept
         finally:
             self.agented.stop()
 
     def frame(self) -> pd.DataFrame:
-        return to_frame(self.probe.rows())
-
+        return to_frame(self.rows())
 
 class Ticker:
     """Progress: a live line on a terminal, else a line every QUIET_EVERY seconds at most."""
@@ -305,8 +315,8 @@ def thresholds(settings: Settings) -> DetectSpec:
     return detect_spec({"drift": stated})
 
 
-def summarize(settings: Settings, frame: pd.DataFrame, ending: Ending,
-              wall_s: float) -> Summary:
+def summarize(settings: Settings, frame: pd.DataFrame, ending: Ending, wall_s: float,
+              processes: list[dict[str, Any]], notes: list[str]) -> Summary:
     """The recording's summary, as `run` writes one: findings and expectations where sampling
     went as planned, the figures of whatever samples there are."""
     environment = describe_environment()
@@ -317,7 +327,8 @@ def summarize(settings: Settings, frame: pd.DataFrame, ending: Ending,
     expectations = check(expect, findings, values) if served else []
     # Keyword by keyword the type checker would ask for `noise` too, which a summary writes
     # once given, even as null: the optional blocks go in as `summarize` in suite.py passes them.
-    optional: dict[str, Any] = {"model": ModelFacts(engine="record")}
+    optional: dict[str, Any] = {"model": ModelFacts(engine="record", processes=processes,
+                                                    notes=notes)}
     summary = Summary(
         schema=SCHEMA, scenario=SCENARIO, variant=settings.name,
         description=shlex.join(settings.command), status=ending.status, error=ending.error,
@@ -330,16 +341,36 @@ def summarize(settings: Settings, frame: pd.DataFrame, ending: Ending,
 
 
 def finish(settings: Settings, session: Session, ending: Ending, wall_s: float) -> Summary:
-    """Write the report folder, then move the command's log into it."""
+    """Write the report folder, then move the command's log into it and add each process's
+    rows."""
     frame = session.frame()
     if ending.status == "ok" and frame.empty:
         ending = Ending("failed", "the agent took no sample",
                         "the command ended before its agent took a sample", ending.code)
-    summary, written = write(summarize(settings, frame, ending, wall_s), frame)
+    family = session.family
+    facts = [] if family is None else [process.facts() for process in family.processes]
+    notes = [] if family is None else family.notes()
+    summary, written = write(summarize(settings, frame, ending, wall_s, facts, notes), frame)
     if written:
         with contextlib.suppress(OSError):
             os.replace(settings.log, settings.folder / "command.log")
+    if written and family is not None:
+        with contextlib.suppress(OSError):
+            family.per_process().to_csv(settings.folder / PROCESSES, index=False)
     return summary
+
+
+def seen(summary: Summary) -> list[str]:
+    """Each process a recording sampled, in a line, where it sampled more than one, then what
+    it could not see."""
+    model = summary.model
+    processes = (model.processes if model else None) or []
+    lines = [f"process {p['pid']}{' (forked)' if p['forked'] else ''}, {p['command']}: MLX "
+             f"active {format_bytes(p['active'])} at its last sample (highest "
+             f"{format_bytes(p['active_max'])}), RSS {format_bytes(p['rss'])}, {p['samples']} "
+             "samples" + (", exited" if p["exited"] else "")
+             for p in processes] if len(processes) > 1 else []
+    return lines + [f"note: {note}" for note in (model.notes if model else None) or []]
 
 
 def trend(frame: pd.DataFrame) -> str | None:
@@ -393,8 +424,8 @@ def record(settings: Settings, console: Console) -> Recorded:
             session.stop()
     result = Recorded(summary, ending, trend(session.frame()))
     if interrupted or came:
-        if result.trend:
-            console.print(result.trend, highlight=False)
+        for line in [*seen(summary), *filter(None, [result.trend])]:
+            console.print(line, highlight=False)
         console.print(f"{ending.note}; report written to {settings.folder}/", highlight=False)
         raise KeyboardInterrupt
     return result

@@ -1,0 +1,202 @@
+"""The processes of a command `kvmem record` follows: each one's rows as its agent sends them,
+their sum, the process tree around them, and what could not be seen.
+
+The first process's agent is asked through `Agented` (its answer is handed to `kept`); every
+other Python process the command starts connects on its own (`Followers`) and is asked here.
+The report's samples are the processes' sum: at every time one of them sampled, each at its
+latest sample (nothing before its first, nor after the last of one that exited), on the clock
+the processes share (`time.monotonic`, system-wide).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import shlex
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import psutil
+
+from .agented import Followers, ServerError
+from .probe import PHASES, ROW, Sample
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+    import pandas as pd
+
+REPLY_TIMEOUT = 30.0  # seconds an agent may take to answer a drain
+# A process's columns as kept (a Sample's numbers), and those its rows add to the report's.
+KEPT = ("time", "active", "peak", "cache", "rss", "logical", "cyclic", "cap")
+SUMMED = KEPT[1:]
+
+
+@dataclasses.dataclass
+class Process:
+    """One process of the command as its agent said hello, and the rows it sent (KEPT's
+    numbers); `connection` is None for the first, which `Agented` asks."""
+
+    pid: int
+    parent: int | None
+    command: str
+    forked: bool
+    connection: Connection | None = None
+    rows: list[tuple[float, ...]] = dataclasses.field(default_factory=list)
+    exited: bool = False  # its agent hung up before the recording ended
+
+    @classmethod
+    def said(cls, hello: dict[str, Any], connection: Connection | None = None) -> Process:
+        return cls(int(hello.get("pid", 0)), hello.get("parent"),
+                   _brief(shlex.join(hello.get("argv") or [])), bool(hello.get("forked")),
+                   connection)
+
+    def keep(self, rows: list[tuple]) -> None:
+        for row in rows:
+            sample = Sample._make(row)
+            self.rows.append(tuple(float(getattr(sample, name)) for name in KEPT))
+
+    def array(self) -> np.ndarray:
+        return np.asarray(self.rows, dtype=float).reshape(-1, len(KEPT))
+
+    def facts(self) -> dict[str, Any]:
+        rows = self.array()
+        last = rows[-1] if len(rows) else np.zeros(len(KEPT))
+        active = KEPT.index("active")
+        return {"pid": self.pid, "parent": self.parent, "command": self.command,
+                "forked": self.forked, "samples": len(rows), "active": int(last[active]),
+                "active_max": int(rows[:, active].max()) if len(rows) else 0,
+                "rss": int(last[KEPT.index("rss")]), "exited": self.exited}
+
+
+def combine(processes: list[Process]) -> np.ndarray:
+    """The processes' rows as one series of `ROW`s: at every time one of them sampled, the sum
+    of each one's latest sample (nothing before its first, nor after the last of one that
+    exited); times from the earliest sample, on the clock the processes share."""
+    kept = [(process, process.array()) for process in processes if process.rows]
+    if not kept:
+        return np.zeros(0, ROW)
+    times = np.unique(np.concatenate([rows[:, 0] for _, rows in kept]))
+    out = np.zeros(len(times), ROW)
+    out["step"] = np.arange(len(times))
+    out["phase"] = PHASES.index("serve")
+    out["request"] = out["turn"] = -1
+    out["time"] = times - times[0]
+    for process, rows in kept:
+        latest = np.searchsorted(rows[:, 0], times, side="right") - 1
+        live = (latest >= 0) & (~process.exited | (times <= rows[-1, 0]))
+        for column in SUMMED:
+            values = rows[:, KEPT.index(column)]
+            out[column] += np.where(live, values[latest.clip(0)], 0).astype(np.int64)
+    return out
+
+
+class Family:
+    """The command's processes as their agents said hello (the first one first), and the tree
+    of processes seen under the command."""
+
+    def __init__(self, first: dict[str, Any]):
+        self.processes = [Process.said(first)]
+        self.seen: dict[int, tuple[int, str]] = {}  # the process tree: pid → (parent, command)
+
+    def kept(self, process: Process, answer: dict[str, Any]) -> None:
+        process.keep(answer["rows"])
+        if answer.get("replaced"):
+            raise ServerError(f"{answer['replaced']} (process {process.pid})")
+
+    def drain(self, followers: Followers | None, when: str) -> None:
+        """Ask every child's agent at once (those new since the last drain too), then read
+        each answer; one that hung up has exited."""
+        if followers is not None:
+            self.processes += [Process.said(hello, connection)
+                               for connection, hello in followers.joined()]
+        asked = []
+        for process in self.processes[1:]:
+            if process.exited or process.connection is None:
+                continue
+            try:
+                process.connection.send({"op": "rows"})
+                asked.append(process)
+            except OSError:
+                process.exited = True
+        deadline = time.monotonic() + REPLY_TIMEOUT
+        for process in asked:
+            assert process.connection is not None
+            try:
+                if not process.connection.poll(max(0.0, deadline - time.monotonic())):
+                    raise ServerError(f"the agent of process {process.pid} ({process.command}) "
+                                      f"did not answer {when}")
+                self.kept(process, process.connection.recv())
+            except (EOFError, OSError):
+                process.exited = True
+
+    def look(self, pid: int) -> None:
+        """Note every process of the tree under `pid`, the command's (its command line as it
+        is now, for one not sampled: a fork that has not yet run its program reads as its
+        parent)."""
+        sampled = {process.pid for process in self.processes}
+        try:
+            top = psutil.Process(pid)
+            tree = [top, *top.children(recursive=True)]
+        except psutil.Error:
+            return
+        for member in tree:
+            if member.pid in sampled and member.pid in self.seen:
+                continue
+            with contextlib.suppress(psutil.Error):
+                self.seen[member.pid] = (member.ppid(),
+                                         _brief(shlex.join(member.cmdline())) or member.name())
+
+    def notes(self) -> list[str]:
+        """What the recording could not see, each in a sentence."""
+        notes = []
+        sampled = {process.pid: process for process in self.processes}
+        launchers = set()  # the processes that started a sampled one: a launcher script
+        for process in self.processes:
+            parent = process.parent
+            while parent is not None and parent not in launchers:
+                launchers.add(parent)
+                parent = self.seen.get(parent, (None, ""))[0]
+        unseen = [f"{command} (pid {pid})" for pid, (_, command) in self.seen.items()
+                  if pid not in sampled and pid not in launchers]
+        if unseen:
+            notes.append(f"the command started {_count(len(unseen), 'process')} kvmem could not "
+                         "sample (not Python, or started without the environment kvmem gave "
+                         f"it): {'; '.join(unseen)}")
+        unread = [f"{p.command} (pid {p.pid})" for p in self.processes if p.exited and not p.rows]
+        if unread:
+            notes.append(f"{_count(len(unread), 'process')} exited before kvmem read a sample "
+                         f"of it: {'; '.join(unread)}")
+        arrays = [process.array() for process in self.processes if process.rows]
+        if arrays and not any(rows[:, KEPT.index("active")].any() for rows in arrays):
+            notes.append(f"MLX active memory never moved from 0 B in the "
+                         f"{_count(len(arrays), 'process')} kvmem sampled: whatever memory the "
+                         "command uses, it is not MLX's there")
+        return notes
+
+    def per_process(self) -> pd.DataFrame:
+        """Every process's own rows (`processes.csv`), on the report's clock."""
+        import pandas as pd
+
+        arrays = [(process.pid, process.array()) for process in self.processes if process.rows]
+        if not arrays:
+            return pd.DataFrame(columns=["pid", *KEPT])
+        origin = min(rows[0, 0] for _, rows in arrays)
+        frames = [pd.DataFrame(rows, columns=list(KEPT)).assign(pid=pid)
+                  for pid, rows in arrays]
+        frame = pd.concat(frames, ignore_index=True)
+        frame["time"] -= origin
+        return frame[["pid", *KEPT]].astype({name: "int64" for name in SUMMED})
+
+
+def _brief(command: str, most: int = 100) -> str:
+    """A command line on one line, cut to `most` characters (a `-c` script spans many)."""
+    line = " ".join(command.split())
+    return line if len(line) <= most else line[:most - 1] + "…"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "es" if noun.endswith("s") else "s")
+
+
