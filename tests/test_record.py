@@ -279,7 +279,7 @@ def test_combine_sums_each_process_at_its_latest_sample() -> None:
     """A child counts from its first sample; one that exited counts nothing after its last."""
     def process(pid: int, rows: list[tuple[float, int]], exited: bool = False) -> Process:
         kept = Process(pid, None, "python", False, exited=exited)
-        kept.rows = [(t, a, a, 0, a + 10, 0, 0, 0) for t, a in rows]
+        kept.keep([(t, "serve", -1, -1, 0, a, a, 0, a + 10, 0, 0, 0, 0) for t, a in rows])
         return kept
 
     rows = combine([process(1, [(10.0, 1), (10.2, 2), (10.4, 4)]),
@@ -289,6 +289,8 @@ def test_combine_sums_each_process_at_its_latest_sample() -> None:
     assert rows["active"].tolist() == [1, 101, 102, 1202, 1004]
     assert rows["rss"].tolist() == [11, 121, 122, 1232, 1024]
     assert combine([]).size == 0
+    long = process(4, [(float(i), i) for i in range(200)])  # past the first block of 64 rows
+    assert len(long) == 200 and long.array()[:, 1].tolist() == list(range(200))
 
 
 def test_a_command_that_never_moves_mlx_but_grows_rss_is_found(

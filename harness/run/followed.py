@@ -36,15 +36,17 @@ SUMMED = KEPT[1:]
 @dataclasses.dataclass
 class Process:
     """One process of the command as its agent said hello, and the rows it sent (KEPT's
-    numbers); `connection` is None for the first, which `Agented` asks."""
+    numbers, in an array that doubles as needed: a long recording reads them every second);
+    `connection` is None for the first, which `Agented` asks."""
 
     pid: int
     parent: int | None
     command: str
     forked: bool
     connection: Connection | None = None
-    rows: list[tuple[float, ...]] = dataclasses.field(default_factory=list)
     exited: bool = False  # its agent hung up before the recording ended
+    _rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((64, len(KEPT))))
+    _count: int = 0
 
     @classmethod
     def said(cls, hello: dict[str, Any], connection: Connection | None = None) -> Process:
@@ -53,12 +55,19 @@ class Process:
                    connection)
 
     def keep(self, rows: list[tuple]) -> None:
+        """Add the rows an agent sent (`Sample`s as plain tuples)."""
+        while self._count + len(rows) > len(self._rows):
+            self._rows = np.concatenate([self._rows, np.zeros_like(self._rows)])
         for row in rows:
             sample = Sample._make(row)
-            self.rows.append(tuple(float(getattr(sample, name)) for name in KEPT))
+            self._rows[self._count] = [getattr(sample, name) for name in KEPT]
+            self._count += 1
 
     def array(self) -> np.ndarray:
-        return np.asarray(self.rows, dtype=float).reshape(-1, len(KEPT))
+        return self._rows[:self._count]
+
+    def __len__(self) -> int:
+        return self._count
 
     def facts(self) -> dict[str, Any]:
         rows = self.array()
@@ -74,7 +83,7 @@ def combine(processes: list[Process]) -> np.ndarray:
     """The processes' rows as one series of `ROW`s: at every time one of them sampled, the sum
     of each one's latest sample (nothing before its first, nor after the last of one that
     exited); times from the earliest sample, on the clock the processes share."""
-    kept = [(process, process.array()) for process in processes if process.rows]
+    kept = [(process, process.array()) for process in processes if len(process)]
     if not kept:
         return np.zeros(0, ROW)
     times = np.unique(np.concatenate([rows[:, 0] for _, rows in kept]))
@@ -164,11 +173,11 @@ class Family:
             notes.append(f"the command started {_count(len(unseen), 'process')} kvmem could not "
                          "sample (not Python, or started without the environment kvmem gave "
                          f"it): {'; '.join(unseen)}")
-        unread = [f"{p.command} (pid {p.pid})" for p in self.processes if p.exited and not p.rows]
+        unread = [f"{p.command} (pid {p.pid})" for p in self.processes if p.exited and not len(p)]
         if unread:
             notes.append(f"{_count(len(unread), 'process')} exited before kvmem read a sample "
                          f"of it: {'; '.join(unread)}")
-        arrays = [process.array() for process in self.processes if process.rows]
+        arrays = [process.array() for process in self.processes if len(process)]
         if arrays and not any(rows[:, KEPT.index("active")].any() for rows in arrays):
             notes.append(f"MLX active memory never moved from 0 B in the "
                          f"{_count(len(arrays), 'process')} kvmem sampled: whatever memory the "
@@ -179,7 +188,7 @@ class Family:
         """Every process's own rows (`processes.csv`), on the report's clock."""
         import pandas as pd
 
-        arrays = [(process.pid, process.array()) for process in self.processes if process.rows]
+        arrays = [(process.pid, process.array()) for process in self.processes if len(process)]
         if not arrays:
             return pd.DataFrame(columns=["pid", *KEPT])
         origin = min(rows[0, 0] for _, rows in arrays)
