@@ -368,7 +368,7 @@ def exit_status(summaries: list[Summary]) -> int:
 _EXPECTED = {
     "scenario": "the scenario's name",
     "variant": "the variant's name",
-    "status": "the run's status (ok, failed or refused)",
+    "status": "the run's status (ok, failed, refused or interrupted)",
     "metrics": "an object of metrics",
     "environment": "an object of the run's backend and versions",
     "environment.backend": "the backend's name (cpu, metal or cuda)",
