@@ -158,8 +158,8 @@ BAD_SUMMARIES = {
     "string": (b'"summary"', "not a valid summary (expected a JSON object)"),
     "no_scenario": (summary(scenario=...), "scenario: expected the scenario's name, got nothing"),
     "no_variant": (summary(variant=...), "variant: expected the variant's name, got nothing"),
-    "no_status": (summary(status=...), "status: expected the run's status (ok, failed or "
-                                       "refused), got nothing"),
+    "no_status": (summary(status=...), "status: expected the run's status (ok, failed, "
+                                       "refused or interrupted), got nothing"),
     "no_metrics": (summary(metrics=...), "metrics: expected an object of metrics, got nothing"),
     "scenario_number": (summary(scenario=5), "scenario: expected the scenario's name, got 5"),
     "metrics_list": (summary(metrics=[1]), "metrics: expected an object of metrics, got [1]"),
