@@ -140,6 +140,9 @@ class Agented:
                     "inside a Python process: is the command one, and does it keep the "
                     "environment kvmem gives it?)")
         if "connection" not in accepted:
+            # A process that exits while its agent connects cuts the handshake short: say how
+            # it exited, as for one that exited before connecting.
+            self.check_alive("before its agent connected", wait=2.0)
             raise self.failure(f"{self.what}'s agent could not connect")
         connection: Connection = accepted["connection"]
         hello = self._receive(connection, deadline, "before its agent said hello")
