@@ -67,12 +67,19 @@ drift      a_t = b + r·t + ε over the samples in flight of a run with no reque
            for RSS alike: an error where either's r·T or last a_t − b exceeds budget, or its r
            exceeds rate; a warning where either has r·T ≥ min_bytes with r² ≥ r2 and no budget
            is breached.
+buffers    over the points at rest past the warm-up where buffers n were counted (n ≥ 0): T(n)
+           with floor min_buffers, and from its onset Δa < max_bytes_per_buffer × Δn (small
+           arrays piling up, not entries of K/V: those are unbounded's or leak's); the rate
+           Δn per token served where the rows count tokens (decode steps, a server's request
+           marks), else per request (or turn), else per second; projected to L − n_last over
+           the rate, L = limit, else expect.buffers's bound, else the backend's
+           (frame.attrs["buffer_limit"]).
 
 The detectors of steps are in harness.judge.per_step, those of memory at rest in
 harness.judge.at_rest, the trend against time of a recorded process (`drift`) in
-harness.judge.over_time. A per-step detector reports, through `from_hits`, the step of its
-largest excess, that excess in bytes, how many steps it hit and MAX_STEPS_LISTED of them spread
-over the hits (`records.listed`).
+harness.judge.over_time, the count of buffers at rest in harness.judge.buffers. A per-step
+detector reports, through `from_hits`, the step of its largest excess, that excess in bytes,
+how many steps it hit and MAX_STEPS_LISTED of them spread over the hits (`records.listed`).
 """
 
 from __future__ import annotations
@@ -104,6 +111,7 @@ from .at_rest import (
     retained,
     unbounded,
 )
+from .buffers import BuffersThresholds, buffers
 from .over_time import DriftThresholds, drift
 from .per_step import (
     AliasThresholds,
@@ -170,6 +178,8 @@ DETECTORS: dict[str, Detector] = {
     "over_cap": Detector(over_cap, OverCapThresholds, "none", Marker("p", "tab:red"),
                          supersedes=("unbounded",)),
     "overclaimed": Detector(overclaimed, OverclaimThresholds, "none", Marker("8", "tab:blue")),
+    # Small buffers piling up at rest: a buffer limit (Metal's) ends the server, not its bytes.
+    "buffers": Detector(buffers, BuffersThresholds, "none", Marker("1", "tab:purple")),
     # A recorded process's trend against time (`kvmem record`): no request boundaries, nothing
     # at rest, so it never reads a scenario's run. A warning with no budget stated.
     "drift": Detector(drift, DriftThresholds, "none", Marker(">", "tab:orange")),

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 
 from ..common.strict import Number, Strict, registered, tagged
 from ..common.units import Size
@@ -38,6 +38,12 @@ if TYPE_CHECKING:
     SpikeExpectation = Presence | SpikeBound
 else:
     SpikeExpectation = tagged(scalar=Presence, mapping=SpikeBound)
+
+# `expect.buffers`: the finding's presence (a string), or the most live MLX buffers at rest (a
+# count); each input is told what is wrong with it as the one it is.
+BufferExpectation = Annotated[
+    Annotated[Presence, Tag("presence")] | Annotated[int, Field(strict=True, ge=0), Tag("bound")],
+    Discriminator(lambda v: "presence" if isinstance(v, str) else "bound")]
 
 
 def _gated(name: str) -> str:
@@ -66,8 +72,9 @@ class ExpectSpec(Strict):
 
 def _fields() -> dict[str, tuple[Any, Any]]:
     """Each detector's presence but spike's (declared), then each metric's budget."""
-    presences = {name: (Presence | None, d.expected) for name, d in DETECTORS.items()
-                 if name != "spike"}
+    presences = {name: ((BufferExpectation if name == "buffers" else Presence) | None,
+                        d.expected)
+                 for name, d in DETECTORS.items() if name != "spike"}
     budgets = {m.budget: ((Size if m.unit == BYTES else Annotated[Number, Field(gt=0.0)])
                           | None, None)
                for m in METRICS.values() if m.budget is not None}
@@ -108,7 +115,20 @@ def _presences(expect: ExpectSpec, findings: list[Finding]) -> list[Expectation]
     detectors = sorted(DETECTORS.items(), key=lambda item: item[1].expected is None)
     stated = ((name, getattr(expect, name)) for name, _ in detectors if name != "spike")
     return [_presence(name, expected, findings, name in expect.model_fields_set)
-            for name, expected in stated if expected is not None]
+            for name, expected in stated if expected is not None and not isinstance(expected, int)]
+
+
+def _buffers_bound(expected: Presence | int | None, figures: dict[str, Any]) -> list[Expectation]:
+    """`expect.buffers: 20000`: the most live MLX buffers at rest stay within it (a run whose
+    buffers were not counted has no figure and fails it, as a missing budget figure does)."""
+    if not isinstance(expected, int):
+        return []
+    actual = figures.get("most_buffers")
+    ok = actual is not None and actual <= expected
+    shown = "n/a" if actual is None else f"{actual:,}"
+    return [Expectation(name="buffers", expected=f"<= {expected:,}", actual=shown, ok=ok,
+                        message=f"live buffers at rest {shown} "
+                                f"{'within' if ok else 'exceed'} {expected:,}")]
 
 
 def _spiked(expected: Presence | SpikeBound | None, findings: list[Finding],
@@ -146,4 +166,4 @@ def check(expect: ExpectSpec, findings: list[Finding],
     """Each expectation of the scenario against the findings and metrics: presences, spike,
     budgets, the order summaries (and the baselines kept from them) have always had."""
     return [*_presences(expect, findings), *_spiked(expect.spike, findings, figures),
-            *_budgets(expect, figures)]
+            *_budgets(expect, figures), *_buffers_bound(expect.buffers, figures)]

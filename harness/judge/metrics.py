@@ -164,6 +164,27 @@ def _per_token(s: Samples) -> float | None:
     return s.steady / tokens if tokens else None
 
 
+def _buffers_at_rest(s: Samples) -> pd.Series:
+    """Live MLX buffers at each point at rest where they were counted (-1: not measured)."""
+    points = s.rows[s.rows["phase"] == "idle"]
+    return points["buffers"][points["buffers"] >= 0] if "buffers" in points else points["step"][:0]
+
+
+def _buffers(s: Samples) -> int | None:
+    """Live buffers at the last point at rest above the baseline's; None where either was not
+    counted."""
+    counted = _buffers_at_rest(s)
+    if counted.empty or counted.index[0] != s.rows.index[0]:
+        return None
+    return int(counted.iloc[-1] - counted.iloc[0])
+
+
+def _most_buffers(s: Samples) -> int | None:
+    """The most live buffers at a point at rest, the figure `expect.buffers` bounds."""
+    counted = _buffers_at_rest(s)
+    return None if counted.empty else int(counted.max())
+
+
 def _retained(s: Samples) -> int:
     beyond = s.judged["active"] - s.base - s.judged["logical"]
     return max(int(beyond.max()), 0) if len(beyond) else 0
@@ -192,6 +213,11 @@ METRICS: dict[str, Metric] = {
     "retained": Metric(_retained,
                        gate=_EXACT_BYTES, kind=EXACT_KIND, required=True),
     # RSS counts the interpreter, imported libraries and the MLX buffer cache.
+    # Live MLX buffers: a backend caps them (Metal: 499,000), whatever their bytes.
+    "buffers": Metric(_buffers, unit=COUNT, gate=Gate(rel=0.0, abs=0), kind=EXACT_KIND,
+                      nullable=True),
+    # The most live buffers at rest, bounded by `expect.buffers`; not recorded.
+    "most_buffers": Metric(_most_buffers, unit=COUNT, recorded=False),
     "rss_peak": Metric(lambda s: int(s.rows["rss"].max()), gate=Gate(rel=0.10, abs=64 * MiB),
                        required=True),
     "minimum": Metric(lambda s: s.minimum),

@@ -268,6 +268,16 @@ class ScenarioSpec(Strict):
     timeout: Annotated[Number, Field(gt=0)] | None = None
 
     @model_validator(mode="after")
+    def _buffer_bound(self) -> ScenarioSpec:
+        """`expect.buffers: N` is the limit the buffers detector projects to, where
+        `detect.buffers.limit` states none."""
+        bound, thresholds = self.expect.buffers, self.detect.buffers
+        if isinstance(bound, int) and thresholds.limit is None:
+            limited = thresholds.model_copy(update={"limit": max(bound, 1)})
+            object.__setattr__(self, "detect", self.detect.model_copy(update={"buffers": limited}))
+        return self
+
+    @model_validator(mode="after")
     def _check_workload(self) -> ScenarioSpec:
         if self.workload.chat is not None and self.cache.store is not None:
             raise ValueError("cache.store: a prefix store serves requests, not a chat workload")

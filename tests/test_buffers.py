@@ -1,0 +1,134 @@
+"""Live MLX buffers at rest: the `buffers` detector, its metric and its expectation, on samples
+built by hand (exact counts), and the canary of mlx-lm PR #1642 that reproduces the leak."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from harness.judge import detectors as detect
+from harness.judge.buffers import BuffersThresholds, buffers
+from harness.judge.expect import check
+from harness.judge.metrics import RunFacts, Samples, figures
+from harness.scenario import ScenarioError, load_variants
+from tests.conftest import make_spec
+
+KiB, MiB = 2**10, 2**20
+BASE = 100 * MiB
+WORKLOAD = {"requests": [{"prompt": 16, "decode": 4}]}
+
+
+def served(buffers: list[int], active: list[int], decode: int = 8,
+           logical: list[int] | None = None) -> pd.DataFrame:
+    """The baseline (100 live buffers, nothing held), then per request `decode` decode steps
+    and an idle point with the given live buffers and bytes above the baseline."""
+    rows = [("idle", -1, 100, 0, 0)]
+    for request, (count, held) in enumerate(zip(buffers, active, strict=True)):
+        rows += [("decode", request, -1, held, 0)] * decode
+        rows.append(("idle", request, count, held, (logical or active)[request]))
+    phase, request, counted, held, reported = zip(*rows, strict=True)
+    n = len(rows)
+    frame = pd.DataFrame({
+        "step": range(n), "phase": pd.Categorical(phase), "request": request, "turn": -1,
+        "tokens": 0, "active": [BASE + a for a in held], "peak": [BASE + a for a in held],
+        "cache": 0, "logical": reported, "host": 0, "minimum": 0, "work": 0, "cyclic": 0,
+        "time": [float(i) for i in range(n)], "cap": 0, "buffers": counted,
+        "arrays": counted,
+    })
+    return frame.assign(rss=frame["active"])
+
+
+def found(frame: pd.DataFrame, **thresholds) -> dict:
+    spec = make_spec(workload=WORKLOAD, detect=thresholds)
+    return {f.kind: f for f in detect.detect(frame, spec.detect, "cpu")}
+
+
+# One 4-byte scalar kept per decoded token: 8 tokens a request, 32 B a request.
+LEAKING = served([100 + 8 * k for k in range(1, 13)], [32 * k for k in range(1, 13)])
+
+
+def test_buffers_kept_per_token_are_flagged_with_their_rate_and_projection():
+    finding = found(LEAKING, buffers={"limit": 20_000})["buffers"]
+    assert (finding.kind, finding.bytes, finding.count, finding.step) == ("buffers", 32, 10, 108)
+    assert finding.severity == "error"
+    assert finding.message == (
+        "live MLX buffers at rest grow +1.00 a token (4 B each), 116 to 196 over 10 requests "
+        "while memory at rest grew 320 B (fit r²=1.000): the stated limit of 20,000 buffers in "
+        "about 19,804 more tokens")
+
+
+def test_the_backends_limit_is_projected_to_where_the_scenario_states_none():
+    frame = LEAKING.copy()
+    frame.attrs["buffer_limit"] = 499_000
+    (finding,) = detect.detect(frame, make_spec(workload=WORKLOAD).detect, "metal")
+    assert finding.message.endswith(": Metal's 499,000 live buffers in about 498,804 more tokens")
+
+
+def test_with_no_limit_known_the_rate_stands_alone():
+    assert found(LEAKING)["buffers"].message.endswith("(fit r²=1.000)")
+
+
+def test_an_expected_bound_is_the_limit_projected_to_and_bounds_the_most_buffers():
+    spec = make_spec(workload=WORKLOAD, expect={"buffers": 120})
+    assert spec.detect.buffers.limit == 120
+    findings = detect.detect(LEAKING, spec.detect, "cpu")
+    assert findings[0].message.endswith(": 196 live, over the stated limit of 120 buffers")
+    values = figures(Samples(LEAKING, findings, spec.detect, RunFacts(1.0, 0)))
+    (bound,) = [e for e in check(spec.expect, findings, values) if e.name == "buffers"]
+    assert (bound.ok, bound.expected, bound.actual) == (False, "<= 120", "196")
+    assert make_spec(workload=WORKLOAD, expect={"buffers": 120},
+                     detect={"buffers": {"limit": 9}}).detect.buffers.limit == 9
+
+
+def test_buffers_that_bring_their_bytes_are_entries_not_this_finding():
+    """A store keeping real K/V adds buffers of many KiB each: unbounded's or leak's."""
+    entries = served([100 + 8 * k for k in range(1, 13)], [64 * KiB * k for k in range(1, 13)])
+    assert "buffers" not in found(entries)
+
+
+def test_a_flat_count_a_small_rise_and_a_filled_count_are_clean():
+    flat = served([140] * 12, [0] * 12)
+    slow = served([100 + k for k in range(1, 13)], [0] * 12)       # under 8 buffers a request
+    filled = served([min(100 + 16 * k, 164) for k in range(1, 13)], [0] * 12)
+    assert [found(f).get("buffers") for f in (flat, slow, filled)] == [None, None, None]
+    assert "buffers" in found(slow, buffers={"min_buffers": 1})
+
+
+def test_unmeasured_points_and_old_samples_are_not_judged():
+    unmeasured = LEAKING.assign(buffers=-1)
+    old = LEAKING.drop(columns=["buffers", "arrays"])
+    assert buffers(unmeasured, BuffersThresholds(), "cpu") is None
+    assert buffers(old, BuffersThresholds(), "cpu") is None
+
+
+def test_with_no_tokens_the_rate_is_per_request_and_with_no_requests_per_second():
+    per_request = served([100 + 8 * k for k in range(1, 13)], [32 * k for k in range(1, 13)],
+                         decode=0)
+    assert "+8.00 a request" in found(per_request)["buffers"].message
+    per_second = per_request.assign(request=-1)
+    assert "+8.00 a second" in found(per_second)["buffers"].message
+
+
+def test_the_metric_is_the_last_count_at_rest_above_the_baseline_and_none_unmeasured():
+    spec = make_spec(workload=WORKLOAD)
+
+    def metric(frame: pd.DataFrame) -> tuple:
+        values = figures(Samples(frame, [], spec.detect, RunFacts(1.0, 0)))
+        return values["buffers"], values["most_buffers"]
+
+    assert metric(LEAKING) == (96, 196)
+    assert metric(LEAKING.assign(buffers=-1)) == (None, None)
+    assert metric(LEAKING.drop(columns=["buffers", "arrays"])) == (None, None)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("maybe", "expect.buffers.presence: Input should be 'none' or 'detected'"),
+    ("-3", "expect.buffers.bound: Input should be greater than or equal to 0"),
+    ("1.5", "expect.buffers.bound: Input should be a valid integer"),
+])
+def test_a_bad_expectation_of_buffers_names_the_field(tmp_path, value, message):
+    path = tmp_path / "s.yaml"
+    path.write_text("model: qwen3-8b\nworkload: {requests: [{prompt: 16}]}\n"
+                    f"expect: {{buffers: {value}}}\n")
+    with pytest.raises(ScenarioError, match=message):
+        load_variants(path)
