@@ -3,6 +3,9 @@ built by hand (exact counts), and the canary of mlx-lm PR #1642 that reproduces 
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -10,8 +13,8 @@ from harness.judge import detectors as detect
 from harness.judge.buffers import BuffersThresholds, buffers
 from harness.judge.expect import check
 from harness.judge.metrics import RunFacts, Samples, figures
-from harness.scenario import ScenarioError, load_variants
-from tests.conftest import make_spec
+from harness.scenario import ScenarioSpec, load_variants
+from tests.conftest import make_spec, serve
 
 KiB, MiB = 2**10, 2**20
 BASE = 100 * MiB
@@ -55,6 +58,18 @@ def test_buffers_kept_per_token_are_flagged_with_their_rate_and_projection():
         "live MLX buffers at rest grow +1.00 a token (4 B each), 116 to 196 over 10 requests "
         "while memory at rest grew 320 B (fit r²=1.000): the stated limit of 20,000 buffers in "
         "about 19,804 more tokens")
+
+
+def test_a_count_walked_at_powers_of_two_reads_as_the_count_at_every_point():
+    """The walk counts the baseline, each power of two and the last point at rest: between
+    them the count is read as linear, so the finding is the dense one's."""
+    walked = [0, 1, 2, 4, 8, 12]
+    sparse = LEAKING.copy()
+    idle = sparse.index[sparse["phase"] == "idle"]
+    skipped = [at for point, at in enumerate(idle) if point not in walked]
+    sparse.loc[skipped, "buffers"] = -1
+    dense = found(LEAKING, buffers={"limit": 20_000})["buffers"]
+    assert found(sparse, buffers={"limit": 20_000})["buffers"] == dense
 
 
 def test_the_backends_limit_is_projected_to_where_the_scenario_states_none():
@@ -121,14 +136,42 @@ def test_the_metric_is_the_last_count_at_rest_above_the_baseline_and_none_unmeas
     assert metric(LEAKING.drop(columns=["buffers", "arrays"])) == (None, None)
 
 
-@pytest.mark.parametrize("value, message", [
-    ("maybe", "expect.buffers.presence: Input should be 'none' or 'detected'"),
-    ("-3", "expect.buffers.bound: Input should be greater than or equal to 0"),
-    ("1.5", "expect.buffers.bound: Input should be a valid integer"),
-])
-def test_a_bad_expectation_of_buffers_names_the_field(tmp_path, value, message):
-    path = tmp_path / "s.yaml"
-    path.write_text("model: qwen3-8b\nworkload: {requests: [{prompt: 16}]}\n"
-                    f"expect: {{buffers: {value}}}\n")
-    with pytest.raises(ScenarioError, match=message):
-        load_variants(path)
+# mlx-lm PR #1642's leak beside its fix: 4 recurrent layers, 12 chat turns of a 16-token prompt
+# and 48 decoded tokens; each forward of each layer keeps a 4-byte scalar in the lazy variant.
+CANARY = Path(__file__).resolve().parent.parent / "scenarios" / "arrays_cache_advance.yaml"
+RUNS = 10
+PER_TURN = 4 * (1 + 48)          # buffers a turn: a prefill and 48 decode forwards, 4 layers
+
+
+@functools.cache
+def canary_specs() -> dict[str, ScenarioSpec]:
+    return {v.name: v.spec for v in load_variants(CANARY)}
+
+
+def canary(variant: str) -> tuple[dict, list, dict]:
+    """The findings by kind of one in-process run, its failed expectations and its figures."""
+    spec = canary_specs()[variant]
+    _frame, findings, values = serve(spec)
+    failed = [c for c in check(spec.expect, findings, values) if not c.ok]
+    return {f.kind: f for f in findings}, failed, values
+
+
+def test_the_lazy_advance_keeps_a_buffer_a_layer_a_token_and_its_fix_keeps_none():
+    found, failed, values = canary("lazy")
+    assert (set(found), failed) == ({"buffers"}, [])
+    finding = found["buffers"]
+    assert (finding.bytes, finding.count) == (4 * PER_TURN, 10)     # 4 B a buffer, 10 turns
+    assert "grow +4.08 a token (4 B each)" in finding.message
+    assert "the stated limit of 20,000 buffers in about" in finding.message
+    held = 2 * 4                 # each layer's state and its left_padding, in either variant
+    assert values["buffers"] == held + 12 * PER_TURN
+    found, failed, values = canary("folded")
+    assert (found, failed, values["buffers"]) == ({}, [], held)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant, kinds", [("lazy", {"buffers"}), ("folded", set())])
+def test_the_canary_and_its_twin_hold_over_ten_runs(variant, kinds):
+    for run in range(RUNS):
+        found, failed, _values = canary(variant)
+        assert (set(found), failed) == (kinds, []), (run, found)

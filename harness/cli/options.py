@@ -99,7 +99,8 @@ def duration(text: str) -> float:
 
 def _user_components(variant: Variant) -> list[str]:
     cache = variant.spec.cache
-    return import_paths(c for c in (cache.layer, cache.sliding, cache.store, cache.session)
+    return import_paths(c for c in (cache.layer, cache.sliding, cache.recurrent, cache.store,
+                                    cache.session)
                         if c is not None)
 
 

@@ -38,6 +38,7 @@ REGISTRY: dict[str, str] = {
     "reference.paged_ssd": "reference_impl.paged_ssd:PagedSSDStore",
     "reference.turboquant": "reference_impl.turboquant:turboquant",
     "reference.chat": "reference_impl.chat:ChatSession",
+    "reference.arrays_state": "reference_impl.arrays_state:arrays_state",
     "mlx_lm.LRUPromptCache": "harness.components.adapters:lru_prompt_cache",
     "adapt.remaining": "harness.components.adapters:remaining",
 }
@@ -102,6 +103,7 @@ def import_paths(components: Iterable[Any]) -> list[str]:
 MEMBERS = {
     "layer": ("update_and_fetch", "nbytes", "state"),
     "sliding": ("update_and_fetch", "nbytes", "state"),
+    "recurrent": ("update_and_fetch", "nbytes", "state"),
     "store": ("fetch", "store", "on_prefill", "nbytes", "close"),
     "session": ("start_turn", "evict", "keep_logits", "nbytes"),
 }

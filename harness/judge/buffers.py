@@ -37,11 +37,13 @@ class BuffersThresholds(TrendThresholds):
     limit: Annotated[int, Field(ge=1)] | None = None
 
 
-def measured(frame: pd.DataFrame) -> pd.DataFrame:
-    """The points at rest where buffers were counted (-1: not measured; no column: samples
-    written before buffers were counted)."""
-    points = quiescent(frame)
-    return points[points["buffers"] >= 0] if "buffers" in points else points.iloc[:0]
+def counted(points: pd.DataFrame) -> pd.Series:
+    """Live buffers at each of `points`, NaN where not counted (-1: in flight, or a point at
+    rest the walk skipped; it walks the baseline, each power of two and the last); all NaN for
+    samples written before buffers were counted."""
+    if "buffers" not in points:
+        return points["step"].astype(float) * float("nan")
+    return points["buffers"].where(points["buffers"] >= 0).astype(float)
 
 
 def _served(frame: pd.DataFrame, first: int, last: int) -> tuple[float, str]:
@@ -80,29 +82,32 @@ def buffers(frame: pd.DataFrame, t: BuffersThresholds, backend: str) -> Finding 
     and a buffer limit ends. The rate is per token where the frame counts tokens, else per
     request (or turn), else per second; projected to the stated limit (`limit`) or the
     backend's (`frame.attrs["buffer_limit"]`, read where the run was)."""
-    points = measured(frame).iloc[t.warmup:]
-    if points.empty:
+    buffers_at = counted(quiescent(frame).iloc[t.warmup:]).dropna()
+    if len(buffers_at) < 3:
         return None
-    trend = rising(points["buffers"], t.min_buffers, t.r2, t.hold)
+    # Between the points counted, the count is read as linear: the trend is per point at rest.
+    points = quiescent(frame).loc[buffers_at.index[0]:buffers_at.index[-1]]
+    trend = rising(counted(points).interpolate(), t.min_buffers, t.r2, t.hold)
     if trend is None:
         return None
-    span = points.iloc[trend.start:]
+    span = buffers_at.loc[points.index[trend.start]:]
+    if len(span) < 2:
+        return None
     first, last = span.index[0], span.index[-1]
-    added = int(span["buffers"][last] - span["buffers"][first])
-    grown = int(span["active"][last] - span["active"][first])
+    added, spanned = int(span[last] - span[first]), len(points.loc[first:last]) - 1
+    grown = int(frame["active"][last] - frame["active"][first])
     if added <= 0 or grown >= t.max_bytes_per_buffer * added:
         return None
     served, unit = _served(frame, first, last)
     rate = added / served if served > 0 else float(added)
     limit = t.limit if t.limit is not None else frame.attrs.get("buffer_limit")
-    live = int(span["buffers"][last])
+    live = int(span[last])
     projection = _projection(live, rate, unit, limit, t.limit is not None, backend)
-    point = point_name(span)
     return Finding(
-        kind="buffers", step=int(span["step"][last]), bytes=round(grown / trend.deltas),
-        count=trend.deltas,
+        kind="buffers", step=int(frame["step"][last]), bytes=round(grown / spanned),
+        count=spanned,
         message=f"live MLX buffers at rest grow {rate:+,.2f} a {unit} "
-                f"({max(grown, 0) / added:,.0f} B each), {int(span['buffers'][first]):,} to "
-                f"{live:,} over {trend.deltas} {point}s while memory at rest grew "
-                f"{grown:,} B (fit r²={trend.r2:.3f}){projection}",
-        steps=listed(span["step"]))
+                f"({max(grown, 0) / added:,.0f} B each), {int(span[first]):,} to {live:,} "
+                f"over {spanned} {point_name(points)}s while memory at rest grew {grown:,} B "
+                f"(fit r²={trend.r2:.3f}){projection}",
+        steps=listed(points.loc[first:last, "step"]))

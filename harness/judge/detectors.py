@@ -67,8 +67,10 @@ drift      a_t = b + r·t + ε over the samples in flight of a run with no reque
            for RSS alike: an error where either's r·T or last a_t − b exceeds budget, or its r
            exceeds rate; a warning where either has r·T ≥ min_bytes with r² ≥ r2 and no budget
            is breached.
-buffers    over the points at rest past the warm-up where buffers n were counted (n ≥ 0): T(n)
-           with floor min_buffers, and from its onset Δa < max_bytes_per_buffer × Δn (small
+buffers    over the points at rest past the warm-up, from the first to the last where live buffers
+           n were counted (n ≥ 0; at least 3; the walk counts the baseline, each power of two
+           and the last), n read as linear between them: T(n) with floor min_buffers, and
+           between the counted points from its onset Δa < max_bytes_per_buffer × Δn (small
            arrays piling up, not entries of K/V: those are unbounded's or leak's); the rate
            Δn per token served where the rows count tokens (decode steps, a server's request
            marks), else per request (or turn), else per second; projected to L − n_last over

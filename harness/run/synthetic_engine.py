@@ -2,9 +2,10 @@
 no model (`engine: synthetic`, the default).
 
 Each step's K/V come from `harness.run.synthetic.SyntheticKV`, in the geometry's shapes and
-dtype; recurrent layers keep a fixed state (`RecurrentState`), sliding layers the scenario's
-`cache.sliding`, full layers its `cache.layer`. A session is handed a vocabulary-wide logits
-array at every decode step, as a model would produce one.
+dtype; recurrent layers keep a fixed state (`RecurrentState`, or the scenario's
+`cache.recurrent`), sliding layers the scenario's `cache.sliding`, full layers its
+`cache.layer`. A session is handed a vocabulary-wide logits array at every decode step, as a
+model would produce one.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ class SyntheticEngine(Loop):
         caches: list[LayerCache] = []
         for layer in self.geometry.layers:
             if layer.kind == KIND_RECURRENT:
-                caches.append(RecurrentState(layer))
+                recurrent = self.spec.cache.recurrent
+                caches.append(RecurrentState(layer) if recurrent is None
+                              else construct(recurrent, layer))
             elif layer.kind == KIND_SLIDING:
                 caches.append(construct(self.spec.cache.sliding, layer))
             else:

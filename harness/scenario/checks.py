@@ -37,7 +37,9 @@ def bindings(spec: ScenarioSpec, where: str) -> list[Binding]:
     if ENGINES[spec.engine].http:
         return []
     geometry = spec.geometry()
-    roles = {"layer": geometry.layers[0], "sliding": geometry.layers[0],
+    recurrent = next((layer for layer in geometry.layers if layer.kind == "recurrent"),
+                     geometry.layers[0])
+    roles = {"layer": geometry.layers[0], "sliding": geometry.layers[0], "recurrent": recurrent,
              "store": geometry, "session": geometry}
     return [Binding(f"{where}cache.{role}", role, component.component, component.options,
                     first_arg)

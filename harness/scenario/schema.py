@@ -187,6 +187,8 @@ class ComponentSpec(Strict):
 class CacheSpec(Strict):
     layer: ComponentSpec = ComponentSpec(component="mlx_lm.KVCache")
     sliding: ComponentSpec = ComponentSpec(component="mlx_lm.RotatingKVCache")
+    # Recurrent layers: the synthetic engine's fixed state unless a component is named.
+    recurrent: ComponentSpec | None = None
     store: ComponentSpec | None = None
     session: ComponentSpec | None = None
 
@@ -316,6 +318,9 @@ class ScenarioSpec(Strict):
         """An engine of a real model builds a preset's mlx-lm config or loads a folder; the
         model says its window."""
         model = self.model
+        if self.cache.recurrent is not None:
+            raise ValueError(f"cache.recurrent: the {self.engine} engine keeps the model's own "
+                             "recurrent state; cache.recurrent is the synthetic engine's")
         if model.preset is None and model.path is None:
             raise ValueError(f"model: engine {self.engine} builds a model from a preset ("
                              + ", ".join(presets.buildable()) + ") or loads one from a path, "
