@@ -189,7 +189,7 @@ def test_frames_are_roots_except_skipped_threads_and_the_walk(exact_allocator):
     local = evaluated(16)
     try:
         seen = {g.holder: g for g in census(mx).groups}
-        skipped = {g.holder for g in census(mx, skip_threads={thread.ident}).groups}
+        skipped = {g.holder for g in census(mx, skip_threads={thread.ident or 0}).groups}
     finally:
         done.set()
         thread.join()
@@ -218,7 +218,8 @@ def test_a_module_holder_is_named_by_its_attributes(exact_allocator, program):
 
 
 def test_the_walk_keeps_nothing_alive(exact_allocator):
-    store = Store()
+    store: Store | None = Store()
+    assert store is not None
     store._entries["a"] = evaluated(512)
     alive = weakref.ref(store)
     active = mx.get_active_memory()
