@@ -17,7 +17,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import gc
-import itertools
 import sys
 import threading
 import time
@@ -160,18 +159,23 @@ class _Walk:
         self.snapshots: list[dict] = []      # f_locals dicts the walk made (emptied after)
 
     def add(self, parent: int, kind: int, keys: Any, values: Any) -> None:
-        """Appends the children not seen yet that may hold an array (the hot loop)."""
-        seen, objects, is_tracked, array = self.seen, self.objects, gc.is_tracked, self.array_type
-        for key, child in zip(keys, values, strict=False):
-            if type(child) in SKIP or id(child) in seen or not is_tracked(child):
+        """Appends the children not seen yet that may hold an array (the hot loop). Without
+        `keys`, a child's key is found from its parent later, for those on a path only."""
+        seen, objects, is_tracked = self.seen, self.objects, gc.is_tracked
+        fresh = [c for c in values if type(c) not in SKIP and id(c) not in seen and is_tracked(c)]
+        if not fresh:
+            return
+        named = None if keys is None else {id(v): k for k, v in zip(keys, values, strict=True)}
+        for child in fresh:
+            if id(child) in seen:  # twice in one batch
                 continue
             seen.add(id(child))
-            if type(child) is array:
+            if type(child) is self.array_type:
                 self.arrays.append(len(objects))
             objects.append(child)
             self.parents.append(parent)
             self.kinds.append(kind)
-            self.keys.append(key)
+            self.keys.append(None if named is None else named[id(child)])
 
     def root(self, kind: str, prefix: str, names: Any, values: Any) -> None:
         """Roots labelled `prefix + name` (formatted only for those on a path to an array)."""
@@ -184,8 +188,13 @@ class _Walk:
         node, objects, array = start, self.objects, self.array_type
         while node < len(objects):
             obj = objects[node]
-            if type(obj) is not array:
-                for kind, keys, values in (EXACT.get(type(obj)) or _edges)(self, obj):
+            exact = type(obj)
+            if exact is dict:  # the common containers first, without a call
+                self.add(node, ITEM, None, list(obj.values()))
+            elif exact is list or exact is tuple:
+                self.add(node, INDEX, None, obj)
+            elif exact is not array:
+                for kind, keys, values in (EXACT.get(exact) or _edges)(self, obj):
                     self.add(node, kind, keys, values)
             node += 1
 
@@ -194,13 +203,12 @@ class _Walk:
         dict is made only for an object that has a dict among its attributes), otherwise as
         referents, named later for those on a path to an array only."""
         referents = gc.get_referents(obj)
-        batch = []
         if type(obj).__dictoffset__ and any(type(r) is dict for r in referents):
             own = _instance_dict(obj)
             if own is not None and any(r is own for r in referents):
                 self.seen.add(id(own))
-                batch.append((ATTR, *_pairs(own.items())))
-        return [*batch, (REF, itertools.repeat(None), referents)]
+                referents += _listed(own.values())
+        return [(REF, None, referents)]
 
     def frame_locals(self, frame: types.FrameType) -> Any:
         """A frame's locals. Before Python 3.13 reading `f_locals` of a function's frame stores a
@@ -229,12 +237,12 @@ def _edges(walk: _Walk, obj: Any) -> Batches:
 
 def _mapping(walk: _Walk, obj: dict) -> Batches:
     """Items; a str key of a dict class of the program's is an attribute (mlx.nn.Module)."""
-    return [(ITEM if _foreign(type(obj)) else ATTR, *_pairs(dict.items(obj)))]
+    return [(ITEM if _foreign(type(obj)) else ATTR, None, _listed(dict.values(obj)))]
 
 
 def _class(walk: _Walk, obj: type) -> Batches:
     """A class's own attributes; a C type's dict holds descriptors only."""
-    return [(ATTR, *_pairs(vars(obj).items()))] if obj.__flags__ & HEAP_TYPE else []
+    return [(ATTR, None, _listed(vars(obj).values()))] if obj.__flags__ & HEAP_TYPE else []
 
 
 def _function(walk: _Walk, obj: types.FunctionType) -> Batches:
@@ -263,14 +271,9 @@ def _suspended(walk: _Walk, obj: Any) -> Batches:
     return [(ATTR, (name,), (getattr(obj, name),))]
 
 
-def _indexed(walk: _Walk, obj: Any) -> Batches:
-    values = _listed(obj)
-    return [(INDEX, range(len(values)), values)]
-
-
 EXACT: dict[Any, Callable[[_Walk, Any], Batches]] = {
-    dict: _mapping, list: _indexed, tuple: _indexed, collections.deque: _indexed,
-    set: lambda walk, obj: [(MEMBER, itertools.repeat(None), _listed(obj))],
+    dict: _mapping, list: lambda walk, obj: [(INDEX, None, _listed(obj))],
+    set: lambda walk, obj: [(MEMBER, None, _listed(obj))],
     type: _class, types.FunctionType: _function, types.CellType: _cell,
     types.MethodType: lambda walk, obj: [(ATTR, ("__self__", "__func__"),
                                           (obj.__self__, obj.__func__))],
@@ -278,6 +281,7 @@ EXACT: dict[Any, Callable[[_Walk, Any], Batches]] = {
     types.GeneratorType: _suspended, types.CoroutineType: _suspended,
     types.AsyncGeneratorType: _suspended}
 EXACT[frozenset] = EXACT[set]
+EXACT[tuple] = EXACT[collections.deque] = EXACT[list]
 
 
 def _pairs(items: Any) -> tuple[Any, Any]:
@@ -307,14 +311,26 @@ COLLECTION = (ITEM, INDEX, MEMBER)
 def _hop(walk: _Walk, node: int, full: bool) -> str:
     """The edge into `node` as a path shows it: in a holder's name keys and indices are `[*]`."""
     kind, key = walk.kinds[node], walk.keys[node]
+    if kind == MEMBER or (kind in COLLECTION and not full):
+        return "[*]"
+    if key is None:
+        key = _key(walk.objects[walk.parents[node]], walk.objects[node])
     if kind in COLLECTION:
-        return f"[{key if kind == INDEX else repr(key)[:KEY_REPR]}]" if full and kind != MEMBER \
-            else "[*]"
-    if kind == LOCAL:
-        return f"/{key}"
-    if kind == ATTR:
-        return f".{key}"
-    return "." + _attribute(walk.objects[walk.parents[node]], walk.objects[node])
+        return f"[{repr(key)[:KEY_REPR]}]"
+    return f"/{key}" if kind == LOCAL else f".{key}"
+
+
+def _key(parent: Any, child: object) -> object:
+    """The key, index or attribute under which `parent` holds `child`."""
+    if isinstance(parent, type):
+        items: Any = vars(parent).items()
+    elif isinstance(parent, dict):
+        items = dict.items(parent)
+    elif isinstance(parent, (list, tuple, collections.deque)):
+        items = enumerate(parent)
+    else:
+        return _attribute(parent, child)
+    return next((key for key, value in _listed(items) if value is child), "?")
 
 
 def _attribute(parent: object, child: object) -> str:
