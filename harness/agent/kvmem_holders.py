@@ -100,7 +100,8 @@ def buffer_limit(mx: Any) -> int | None:
 
 
 def _foreign(kind: type) -> bool:
-    return kind.__module__.partition(".")[0] in FOREIGN
+    module = kind.__module__
+    return not isinstance(module, str) or module.partition(".")[0] in FOREIGN
 
 
 def _cycle_core(garbage: list) -> list[tuple[object, str]]:
@@ -186,6 +187,7 @@ class _Walk:
     def run(self, start: int = 0) -> None:
         """Expands every node from `start` on, the nodes it adds included."""
         node, objects, array = start, self.objects, self.array_type
+        handlers: dict[type, Callable[[_Walk, Any], Batches]] = {}
         while node < len(objects):
             obj = objects[node]
             exact = type(obj)
@@ -194,7 +196,10 @@ class _Walk:
             elif exact is list or exact is tuple:
                 self.add(node, INDEX, None, obj)
             elif exact is not array:
-                for kind, keys, values in (EXACT.get(exact) or _edges)(self, obj):
+                handler = handlers.get(exact)
+                if handler is None:
+                    handler = handlers[exact] = _handler(exact)
+                for kind, keys, values in handler(self, obj):
                     self.add(node, kind, keys, values)
             node += 1
 
@@ -223,16 +228,20 @@ class _Walk:
 Batches = list[tuple[int, Any, Any]]  # what an object refers to: (edge kind, keys, values)
 
 
-def _edges(walk: _Walk, obj: Any) -> Batches:
-    """Subclasses of the containers (with their own attributes where the program made them),
-    modules (never entered: their globals are roots), and other objects."""
-    if isinstance(obj, types.ModuleType):
-        return []
-    for kinds, handler in EXACT.items():
-        if isinstance(obj, kinds) and kinds not in (type, types.FunctionType):
-            batch = handler(walk, obj)
-            return batch + walk.instance(obj) if not _foreign(type(obj)) else batch
-    return walk.instance(obj)
+def _handler(kind: type) -> Callable[[_Walk, Any], Batches]:
+    """How objects of `kind` are expanded: modules never (their globals are roots), subclasses
+    of the containers as their base (with their own attributes where the program made them),
+    metaclasses' instances as classes, other objects by their referents."""
+    if kind in EXACT:
+        return EXACT[kind]
+    if issubclass(kind, types.ModuleType):
+        return lambda walk, obj: []
+    for base, handler in EXACT.items():
+        if issubclass(kind, base):
+            if _foreign(kind) or base is type:
+                return handler
+            return lambda walk, obj: handler(walk, obj) + walk.instance(obj)
+    return _Walk.instance
 
 
 def _mapping(walk: _Walk, obj: dict) -> Batches:
