@@ -25,10 +25,12 @@ def run(argv: list[str], capsys) -> tuple[int, str, str]:
 
 
 def why_lines(markdown: str) -> list[str]:
-    """The six lines under the comment's "Why" heading: one regressed variant's explanation."""
+    """The lines under the comment's "Why" heading up to the next blank line after the first:
+    one regressed variant's explanation."""
     lines = markdown.splitlines()
     why = lines.index("Why, in the head run's own words:")
-    return lines[why + 1:why + 7]
+    end = lines.index("", why + 2)
+    return lines[why + 1:end + 1]
 
 
 def suites(tmp_path, base: list[dict], head: list[dict]) -> tuple[str, str]:
@@ -386,12 +388,18 @@ def test_the_trim_regression_is_explained_by_its_finding_and_expectation(trim_ru
     assert why_lines(out) == [
         "", "- `gate_trim/after`",
         "  - finding `retained` (new): allocator holds 0.55 MiB beyond the 0.55 MiB the "
-        "components report, at step 41 (idle)",
+        "components report, at step 41 (idle); held by "
+        "`reference_impl.prefix_cache:PrefixCache._entries[*][*].keys` (280 KiB, 6 arrays) and "
+        "1 more",
+        "  - grew most at rest: `reference_impl.prefix_cache:PrefixCache._entries[*][*].keys` "
+        "(+280 KiB since the base)",
         "  - expectation `retained` fails: expected none, got detected (it held in the base)",
         f"  - plots: {url}", ""]
     code, out, _ = cli(["compare", str(runs[0]), str(bug)], capsys)
     assert "    finding retained (new): allocator holds 0.55 MiB beyond the 0.55 MiB the " \
-        "components report, at step 41 (idle)" in out.splitlines()
+        "components report, at step 41 (idle); held by " \
+        "reference_impl.prefix_cache:PrefixCache._entries[*][*].keys (280 KiB, 6 arrays) and " \
+        "1 more" in out.splitlines()
 
 
 def test_a_run_compared_with_itself_says_no_change(trim_runs, capsys):
@@ -803,7 +811,7 @@ def test_a_regression_is_explained_in_the_head_runs_words(tmp_path, capsys, monk
     assert data["artifact_url"] == "https://ci.example/runs/7/artifacts/memory-reports"
     assert data["entries"][0]["findings"] == [{
         "kind": "retained", "new": True, "message": "allocator holds 15.38 MiB beyond the "
-        "34.69 MiB the components report, at step 48 (idle)"}]
+        "34.69 MiB the components report, at step 48 (idle)", "held_by": "", "holder": ""}]
     assert data["entries"][0]["failed_expectations"] == [
         {"name": "retained", "expected": "none", "actual": "detected", "held_in_base": True}]
     out_file = tmp_path / "junit.xml"

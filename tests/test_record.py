@@ -279,7 +279,7 @@ def test_combine_sums_each_process_at_its_latest_sample() -> None:
     """A child counts from its first sample; one that exited counts nothing after its last."""
     def process(pid: int, rows: list[tuple[float, int]], exited: bool = False) -> Process:
         kept = Process(pid, None, "python", False, exited=exited)
-        kept.keep([(t, "serve", -1, -1, 0, a, a, 0, a + 10, 0, 0, 0, 0) for t, a in rows])
+        kept.keep([(t, "serve", -1, -1, 0, a, a, 0, a + 10, 0, 0, 0, 0, -1, -1) for t, a in rows])
         return kept
 
     rows = combine([process(1, [(10.0, 1), (10.2, 2), (10.4, 4)]),

@@ -209,7 +209,7 @@ def test_the_agent_tracks_instances_and_answers_commands() -> None:
     del buffer
     rows += agent.handle({"op": "idle", "cycles": True, "settle": 0.1})["rows"]
     assert [row[1:5] for row in rows] == [("request", 3, 1, 12), ("idle", 3, 1, 0)]
-    assert [row[9:] for row in rows] == [(1024, 4, 0, 6144), (1024, 4, 0, 6144)]
+    assert [row[9:] for row in rows] == [(1024, 4, 0, 6144, -1, -1), (1024, 4, 0, 6144, -1, -1)]
     assert rows[0][5] - rows[1][5] == MiB  # active dropped by the freed buffer
     assert rows[1][6] >= rows[0][5]  # the idle row's peak covers the buffer it saw
     assert agent.handle({"op": "rows"})["rows"] == []

@@ -3,7 +3,7 @@ on command, sent to kvmem over one authenticated local connection.
 
 Standalone on purpose (the standard library, and MLX where the server has it): the server may
 run in another environment than kvmem's. kvmem's in-process probe imports the readers below
-(`current_rss`, `cycle_garbage`, `release_freed_heap`), so both measure alike.
+(`current_rss`, `at_rest`, `release_freed_heap`), so both measure alike.
 
 Protocol (version 1), over `multiprocessing.connection` with the key kvmem gives:
 
@@ -16,10 +16,12 @@ Protocol (version 1), over `multiprocessing.connection` with the key kvmem gives
   `replaced`: None, or which of MLX's counters the server's code replaced, which kvmem reports
   as the run's failure):
   `{"op": "mark", "request": i, "turn": t}` samples now (a request boundary);
-  `{"op": "idle", "cycles": bool, "settle": s}` (with `request` and `turn` where no mark
-  has said them: open-loop traffic) waits until active memory and the logical size stand
-  still (at most `s` seconds), measures what unreachable reference cycles hold (without
-  freeing it) when asked, hands freed heap back to the system and samples;
+  `{"op": "idle", "cycles": bool, "holders": bool, "settle": s}` (with `request` and `turn`
+  where no mark has said them: open-loop traffic) waits until active memory and the logical
+  size stand still (at most `s` seconds), measures what unreachable reference cycles hold
+  (without freeing it) when asked, walks the objects that hold MLX arrays when asked
+  (`kvmem_holders`: the answer's `holders`, each group a plain tuple, and `census`, what the
+  walk cost), hands freed heap back to the system and samples;
   `{"op": "rows"}` only drains; `{"op": "stop"}` drains and ends the agent.
 - if the connection ends without a stop, kvmem is gone: the agent kills its process (and the
   process group it leads), so a server never outlives the kvmem that started it.
@@ -43,7 +45,6 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import gc
 import hmac  # noqa: F401  # imported by connecting (below)
 import importlib
 import os
@@ -52,7 +53,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from multiprocessing.connection import Client
 from typing import Any, NamedTuple
 
@@ -92,6 +93,8 @@ class Sample(NamedTuple):
     entries: int  # how many entries they hold (a server's; 0 in kvmem's own process)
     cyclic: int   # MLX bytes only unreachable reference cycles hold (at rest, when asked)
     cap: int      # the bytes the components allow themselves (a server's cache's own cap), or 0
+    buffers: int = -1  # live unique MLX buffers, graphs' pending inputs too (at rest, when walked)
+    arrays: int = -1   # live MLX arrays (at rest, when walked); -1: not measured
 
 
 def _libc_trim() -> Callable[[int], int] | None:
@@ -115,27 +118,50 @@ def release_freed_heap() -> None:
         _MALLOC_TRIM(0)
 
 
-def cycle_garbage() -> int:
-    """The MLX bytes held by unreachable reference cycles, measured without freeing them.
+def _holders() -> Any:
+    """The walk (`kvmem_holders`), imported when first asked for: beside this module, as
+    `harness.agent.kvmem_holders` in kvmem and `kvmem_holders` on a server's PYTHONPATH."""
+    if __package__:
+        from . import kvmem_holders
+    else:
+        import kvmem_holders  # type: ignore[import-not-found, no-redef]
+    return kvmem_holders
 
-    With DEBUG_SAVEALL the collector moves what it finds unreachable into `gc.garbage` instead
-    of freeing it: the arrays among it are what a collection would free. The list is emptied
-    again, so the cycles stay garbage, freed whenever the collector next runs, as in a server.
-    (That garbage's finalizers and weak-reference callbacks run now, as in any collection, and
-    the objects that survive move to the oldest generation.) Arrays that share a buffer count
-    their own bytes each. Called where nothing is in flight.
-    """
+
+def cycle_garbage(garbage: list[Any] | None = None) -> int:
+    """The MLX bytes held by unreachable reference cycles, measured without freeing them:
+    those of the arrays among `garbage` (`kvmem_holders.unreachable()`, found now where not
+    given). Arrays that share a buffer count their own bytes each. Called where nothing is in
+    flight."""
     array = _mlx_array()
-    flags, before = gc.get_debug(), len(gc.garbage)
-    gc.set_debug(flags | gc.DEBUG_SAVEALL)
-    try:
-        gc.collect()
-    finally:
-        gc.set_debug(flags)
-    held = sum(obj.nbytes for obj in gc.garbage[before:]
-               if array is not None and isinstance(obj, array))
-    del gc.garbage[before:]
-    return held
+    if array is None:
+        return 0
+    found = _holders().unreachable() if garbage is None else garbage
+    return sum(obj.nbytes for obj in found if isinstance(obj, array))
+
+
+class Rest(NamedTuple):
+    """What a point at rest measures beside the counters: the MLX bytes only unreachable
+    cycles hold, and the census of who holds the live arrays (None where not asked)."""
+
+    cyclic: int
+    census: Any  # kvmem_holders.Census | None
+
+
+def at_rest(cycles: bool, holders: bool, skip_threads: Collection[int] = (),
+            skip_frame: Any = None) -> Rest:
+    """Measure a point at rest: cycle garbage where `cycles`, the holders where `holders`
+    (one collection serves both: the walk names the cycles it found). The walk skips
+    `skip_threads` and, in the calling thread, `skip_frame` and what it called."""
+    mx = _mlx()
+    garbage = _holders().unreachable() if cycles and mx is not None else []
+    census = None
+    if holders and mx is not None:
+        census = _holders().census(mx, garbage=garbage, skip_threads=skip_threads,
+                                   skip_frame=skip_frame)
+    cyclic = cycle_garbage(garbage)
+    del garbage  # the cycles are garbage again, freed whenever the collector next runs
+    return Rest(cyclic, census)
 
 
 class Counters:
@@ -339,6 +365,7 @@ class Agent:
         if self._connection is not None:
             self._connection = self._connection.close()  # None
         self.lock = threading.Lock()
+        self._threads: set[int] = set()  # the agent's own threads, which a walk skips
         self._rows: list[tuple] = []
         self._last_active = self._active()
         self._stop = threading.Event()
@@ -359,8 +386,9 @@ class Agent:
         """What the tracked instances hold: bytes, entries, and the bytes they allow themselves."""
         return (0, 0, 0) if self.tracked is None else self.tracked.read()
 
-    def take(self, phase: str, cyclic: int = 0, tokens: int = 0) -> None:
-        """One row now; the peak counter starts again from here."""
+    def take(self, phase: str, cyclic: int = 0, tokens: int = 0, census: Any = None) -> None:
+        """One row now; the peak counter starts again from here; `census`, the holders walked
+        at rest (their buffers and arrays go in the row)."""
         began = time.thread_time()
         with self.lock:
             counters = self._bound()
@@ -377,7 +405,9 @@ class Agent:
             self._rows.append(tuple(Sample(
                 time=time.monotonic(), phase=phase, request=self._request, turn=self._turn,
                 tokens=tokens, active=active, peak=peak, cache=cache, rss=current_rss(),
-                logical=size, entries=entries, cyclic=cyclic, cap=cap)))
+                logical=size, entries=entries, cyclic=cyclic, cap=cap,
+                buffers=-1 if census is None else census.buffers,
+                arrays=-1 if census is None else census.arrays)))
             self._busy += time.thread_time() - began
 
     def drain(self) -> dict:
@@ -406,9 +436,15 @@ class Agent:
             if "request" in command:  # open-loop traffic marks no request: the idle says
                 self._request, self._turn = command["request"], command.get("turn", -1)
             self.settle(float(command.get("settle", 2.0)))
-            cyclic = cycle_garbage() if command.get("cycles") else 0
+            rest = at_rest(bool(command.get("cycles")), bool(command.get("holders")),
+                           skip_threads=self._threads)
             release_freed_heap()
-            self.take("idle", cyclic)
+            self.take("idle", rest.cyclic, census=rest.census)
+            if rest.census is not None:
+                return {**self.drain(), "holders": [tuple(g) for g in rest.census.groups],
+                        "census": {"seconds": rest.census.seconds,
+                                   "objects": rest.census.objects,
+                                   "approximate": rest.census.approximate}}
         elif op == "stop":
             self._stop.set()
         elif op != "rows":
@@ -416,6 +452,7 @@ class Agent:
         return self.drain()
 
     def sample(self) -> None:
+        self._threads.add(threading.get_ident())
         while not self._stop.wait(self.period):
             self.take("serve")
 
@@ -433,6 +470,7 @@ class Agent:
         except OSError:
             return  # kvmem is gone: the server runs on unobserved
         self._connection = connection
+        self._threads.add(threading.get_ident())
         with connection:
             connection.send(hello)
             threading.Thread(target=self.sample, name="kvmem-agent-sampler", daemon=True).start()

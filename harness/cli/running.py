@@ -32,6 +32,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         summaries, interrupted = stopped.summaries, True
     console.print(term.results(summaries))
     term.failures(console, summaries)
+    term.holders(console, summaries)
     term.early_stops(console, summaries)
     console.print(f"reports written under {args.out}/")
     if interrupted:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from ..common.echo import spelled
 from ..common.units import format_bytes
 from ..judge.metrics import BYTES, METRICS, gated
+from ..judge.records import Holder
 from .compare import (
     COMPARED,
     FAILED,
@@ -267,13 +268,32 @@ def _change_sections(comparison: Comparison) -> list[tuple[list[str], list[str],
 
 def findings(entry: Entry) -> list[dict]:
     """The head's findings, new ones (a kind the base did not report) first:
-    `{kind, message, new}`."""
+    `{kind, message, new, held_by}` (`held_by`: who holds its bytes, or "")."""
     if entry.head is None:
         return []
     before = {f.kind for f in entry.base.findings} if entry.base else set()
-    found = [{"kind": f.kind, "message": f.message, "new": f.kind not in before}
+    found = [{"kind": f.kind, "message": f.message, "new": f.kind not in before,
+              "held_by": f.held_by(), "holder": f.holders[0].holder if f.holders else ""}
              for f in entry.head.findings]
     return sorted(found, key=lambda f: not f["new"])
+
+
+def _as_code(name: str, text: str, code: str) -> str:
+    """`text` with the holder `name` in it as code where it can be (a name from the server's
+    code holding a backtick or a line break is escaped as text instead)."""
+    if not code or code in name or "\n" in name:
+        return _esc(text, code)
+    head, _, tail = text.partition(name)
+    return f"{_esc(head, code)}{code}{name}{code}{_esc(tail, code)}"
+
+
+def _grown(entry: Entry) -> Holder | None:
+    """The holder that gained the most since the base run, where both runs walked them."""
+    if entry.head is None or entry.base is None:
+        return None
+    if entry.head.holders is None or entry.base.holders is None:
+        return None
+    return entry.head.holders.grown_since(entry.base.holders)
 
 
 def failed_expectations(entry: Entry) -> list[dict]:
@@ -290,7 +310,13 @@ def reasons(entry: Entry, code: str = "`") -> list[str]:
     """Why a variant regressed, in its head run's own words."""
     lines = [_esc(entry.note, code)] if entry.note and entry.failure is None else []
     lines += [f"finding {code}{_esc(f['kind'], code)}{code}{' (new)' if f['new'] else ''}: "
-              f"{_esc(f['message'], code)}" for f in findings(entry)]
+              f"{_esc(f['message'], code)}"
+              + (f"; {_as_code(f['holder'], f['held_by'], code)}" if f["held_by"] else "")
+              for f in findings(entry)]
+    grown = _grown(entry)
+    if grown is not None:
+        lines.append(f"grew most at rest: {_as_code(grown.holder, grown.holder, code)} "
+                     f"(+{format_bytes(grown.bytes)} since the base)")
     lines += [f"expectation {code}{_esc(e['name'], code)}{code} fails: expected "
               f"{_esc(e['expected'], code)}, got {_esc(e['actual'], code)}"
               + (" (it held in the base)" if e["held_in_base"] else "")

@@ -44,7 +44,7 @@ def _trending(kind: str, points: pd.DataFrame, trend: Trend, rate: float, head: 
         message=f"{head} {rate:,.0f} B per {unit}{_since(trend, points, unit)} over "
                 f"{trend.deltas} {unit}s{middle} (fit r²={trend.r2:.3f}){tail}",
         steps=listed(points["step"].iloc[trend.start:]),
-        severity=severity)
+        severity=severity, per=unit)
 
 
 def leak(frame: pd.DataFrame, t: LeakThresholds, backend: str) -> Finding | None:
@@ -316,7 +316,7 @@ def gc_deferred(frame: pd.DataFrame, t: GcThresholds, backend: str) -> Finding |
 
     Reference cycles (an entry holding a helper closure that refers back to the entry) keep
     their arrays after the entry is dropped. The engine finds them at each idle point without
-    freeing them (`cyclic`, harness.run.probe.cycle_garbage).
+    freeing them (`cyclic`, harness.agent.kvmem_agent.at_rest).
     """
     points = quiescent(frame)
     held_by_cycles = points["cyclic"]

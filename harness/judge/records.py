@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, StrictStr
 from pydantic.dataclasses import dataclass
 
+from ..common.units import format_bytes
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -23,6 +25,63 @@ MAX_STEPS_LISTED = 20
 
 
 @dataclass(frozen=True, kw_only=True, config=ConfigDict(defer_build=True))
+class Holder:
+    """A group of live MLX arrays reached by one path at rest (docs/holders.md): its name (the
+    path, anchored at the object that holds it, indices collapsed), the kind of root it hangs
+    from, the allocator bytes of its unique buffers, its arrays' own bytes, its arrays and
+    buffers. In a finding, `bytes` is what the group accounts for of the finding's bytes (for
+    a trend, its growth at the finding's rate), `arrays` and `buffers` what it holds at the
+    end; `path` is one full path to one of its arrays."""
+
+    holder: StrictStr
+    root: StrictStr = ""
+    bytes: StrictInt
+    logical: StrictInt | None = None
+    arrays: StrictInt | None = None
+    buffers: StrictInt | None = None
+    path: StrictStr = Field(default="", exclude_if=lambda path: not path)
+
+    def figures(self, per: str | None = None) -> str:
+        """`1.00 MiB, 12 arrays`; with `per` (a rate's unit) `+1.00 MiB a request, 12 arrays`."""
+        held = [f"{format_bytes(self.bytes, signed=True)} a {per}" if per
+                else format_bytes(self.bytes)]
+        if self.arrays is not None:
+            held.append(f"{self.arrays:,} array{'s' if self.arrays != 1 else ''}")
+        if self.buffers is not None and self.buffers != self.arrays:
+            held.append(f"{self.buffers:,} buffer{'s' if self.buffers != 1 else ''}")
+        return ", ".join(held)
+
+    def describe(self, per: str | None = None) -> str:
+        """`examples.leaky_store:LeakyStore._entries[*] (+1.00 MiB a request, 12 arrays)`."""
+        return f"{self.holder} ({self.figures(per)})"
+
+
+@dataclass(frozen=True, kw_only=True, config=ConfigDict(defer_build=True))
+class HeldAtRest:
+    """Who held the live MLX arrays at the run's last point at rest walked (`step`): the
+    largest groups, and `unreached`, the active bytes there no walked array accounts for
+    (MLX's own: the inputs pending graphs keep, a compiled function's constants; the buffer
+    cache is apart). `approximate`: the MLX walked lacks `get_array_buffer_size`, so a group's
+    bytes are its arrays' own and its buffers its arrays."""
+
+    step: StrictInt
+    groups: list[Holder] = Field(default_factory=list)
+    unreached: StrictInt = 0
+    approximate: StrictBool = Field(default=False, exclude_if=lambda flag: not flag)
+
+    def grown_since(self, base: HeldAtRest) -> Holder | None:
+        """The group that gained the most bytes since `base` (a run of the code before a
+        change), with that gain as its bytes; None where none gained."""
+        before = {g.holder: g.bytes for g in base.groups}
+        gains = [(g.bytes - before.get(g.holder, 0), g) for g in self.groups]
+        gain, group = max(gains, key=lambda pair: pair[0], default=(0, None))
+        if group is None or gain <= 0:
+            return None
+        return Holder(holder=group.holder, root=group.root, bytes=gain, logical=group.logical,
+                      arrays=group.arrays, buffers=group.buffers, path=group.path)
+
+
+@dataclass(frozen=True, kw_only=True, config=ConfigDict(defer_build=True))
 class Finding:
     """What a detector found: the step it reports at, the bytes there (or a rate, per request),
     how many steps or requests it covers, its message and the steps it marks on the plot (at
@@ -30,8 +89,9 @@ class Finding:
     `severity` says whether it can fail the run (`Severity`; a detector says "warning" where
     a default expectation must let it pass, and the run grades the rest against the scenario's
     expectations). `supersedes`: the kinds this finding answers for in this run (the
-    registry's supersession), written only where there are some. A summary written by hand
-    may leave out all but `kind` and `message`."""
+    registry's supersession), written only where there are some; `holders`, the groups of
+    arrays that account for its bytes. A summary written by hand may leave out all but `kind`
+    and `message`."""
 
     kind: StrictStr
     step: StrictInt | None = None
@@ -41,6 +101,21 @@ class Finding:
     steps: list[StrictInt] = Field(default_factory=list)
     severity: Severity = "error"
     supersedes: list[StrictStr] = Field(default_factory=list, exclude_if=lambda kinds: not kinds)
+    # What `bytes` is a rate per ("request", "turn"), where it is one: a trend's.
+    per: StrictStr | None = Field(default=None, exclude_if=lambda unit: unit is None)
+    # Who holds the finding's bytes, largest share first (harness.judge.holders), written only
+    # where the run walked its holders.
+    holders: list[Holder] = Field(default_factory=list, exclude_if=lambda found: not found)
+
+    def held_by(self, code: str = "") -> str:
+        """`held by examples.leaky_store:LeakyStore._entries[*] (+1.00 MiB a request, 12
+        arrays)`, its top holder (and how many more there are), the name between `code`
+        marks; "" where none is named."""
+        if not self.holders:
+            return ""
+        top, more = self.holders[0], len(self.holders) - 1
+        return (f"held by {code}{top.holder}{code} ({top.figures(self.per)})"
+                + (f" and {more} more" if more else ""))
 
 
 @dataclass(frozen=True, kw_only=True, config=ConfigDict(defer_build=True))

@@ -43,7 +43,7 @@ from ..common.errors import BadInput
 from ..common.units import MAX_SIZE
 from .expect import GatedName, ToleranceSpec
 from .metrics import METRICS, noisy
-from .records import Expectation, Finding
+from .records import Expectation, Finding, HeldAtRest
 
 SCHEMA = 1
 # Each older schema's upgrade to the next, by the schema it upgrades from. Schema 1 is the
@@ -181,6 +181,8 @@ class Environment(_Given):
     """What produced the figures; summaries from different backends are never compared."""
 
     backend: Annotated[StrictStr, Field(min_length=1)]
+    # How many live buffers the backend allows a process, where MLX says (Metal's).
+    buffer_limit: StrictInt | None = None
     mlx: StrictStr = "?"
     mlx_lm: StrictStr = "?"
     python: StrictStr | None = None
@@ -264,6 +266,7 @@ class Summary(_Given):
     metrics: dict[str, Figure]
     findings: list[Finding] = Field(default_factory=list)
     expectations: list[Expectation] = Field(default_factory=list)
+    holders: HeldAtRest | None = None  # who held the arrays at the last point at rest
     recorded_passed: StrictBool | None = Field(None, alias="passed")
     compare: dict[GatedName, ToleranceSpec] = Field(default_factory=dict)
     detect: dict[str, dict[str, Any]] | None = None  # each detector's thresholds as applied

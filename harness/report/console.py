@@ -77,6 +77,15 @@ def failures(console: Console, summaries: list[Summary]) -> None:
                           highlight=False)
 
 
+def holders(console: Console, summaries: list[Summary]) -> None:
+    """Under the table, the top holder of each finding that names one."""
+    for s in summaries:
+        for f in s.findings:
+            if f.holders:
+                console.print(f"{escape(s.label)}: {escape(f.kind)} {escape(f.held_by())}",
+                              highlight=False)
+
+
 def early_stops(console: Console, summaries: list[Summary]) -> None:
     """Under the table, each server variant whose traffic ended before its end, and why."""
     for s in summaries:
@@ -100,6 +109,15 @@ def details(console: Console, summaries: list[Summary]) -> None:
         for f in s.findings:
             warning = " (warning)" if f.severity == "warning" else ""
             console.print(f"  {label}: [bold]{escape(f.kind)}[/bold]{warning} {escape(f.message)}")
+            for holder in f.holders:
+                console.print(f"    held by {escape(holder.describe(f.per))}", highlight=False)
+        if s.holders is not None and s.holders.groups:
+            top = s.holders.groups[0]
+            console.print(f"  {label}: at rest (step {s.holders.step}) the largest holder is "
+                          f"{escape(top.describe())}; {mib(s.holders.unreached, 2)} MiB of active "
+                          "memory no Python path reaches"
+                          + (" (approximate: this MLX cannot size buffers)"
+                             if s.holders.approximate else ""), highlight=False)
         if s.model is not None and s.model.weights is not None:
             console.print(f"  {label}: model {escape(str(s.model.name))} "
                           f"({escape(str(s.model.engine))}, {escape(str(s.model.layers))} layers): "

@@ -1,4 +1,5 @@
-"""Report folders: samples.csv, summary.json and memory.png per variant, written as a unit, and
+"""Report folders: samples.csv, summary.json and memory.png per variant (requests.csv and
+holders.csv where the run has them), written as a unit, and
 the reservation of the folder a run writes under.
 
 Every file is written to a temporary name beside its target and renamed into place, so a
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
 LOCK_NAME = ".kvmem.lock"
 REQUESTS = "requests.csv"
+HOLDERS = "holders.csv"
 
 
 class ReportError(BadInput):
@@ -72,9 +74,11 @@ def reserve(out: Path) -> Iterator[None]:
 
 
 def write_variant(out: Path, frame: pd.DataFrame, summary: Summary,
-                  requests: pd.DataFrame | None = None) -> None:
-    """samples.csv, summary.json, (for a run with samples) memory.png and (for a server's)
-    requests.csv, each request's times, into `out`, as a unit.
+                  requests: pd.DataFrame | None = None,
+                  holders: pd.DataFrame | None = None) -> None:
+    """samples.csv, summary.json, (for a run with samples) memory.png, (for a server's)
+    requests.csv, each request's times, and (where the holders were walked) holders.csv, who
+    held the arrays at each point at rest, into `out`, as a unit.
 
     The files go into a fresh folder beside `out`, which then takes the place of the old one:
     a write that fails (full disk, a name too long) leaves the previous report whole.
@@ -85,6 +89,8 @@ def write_variant(out: Path, frame: pd.DataFrame, summary: Summary,
         frame.to_csv(staging / "samples.csv", index=False)
         if requests is not None and not requests.empty:
             requests.to_csv(staging / REQUESTS, index=False)
+        if holders is not None and not holders.empty:
+            holders.to_csv(staging / HOLDERS, index=False)
         if not frame.empty:
             title = f"{summary.scenario} / {summary.variant} ({summary.backend})"
             detect = summary.detect or {}  # a scenario's budget, or a recording's

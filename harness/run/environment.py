@@ -24,6 +24,16 @@ def backend() -> str:
     return "cuda"
 
 
+def buffer_limit() -> int | None:
+    """How many live buffers the backend allows a process, where MLX says (Metal's
+    `resource_limit`, 499,000 by default); None elsewhere."""
+    import mlx.core as mx
+
+    info = getattr(mx, "device_info", None)  # an older MLX has it under mx.metal only
+    limit = (info() if info is not None else {}).get("resource_limit")
+    return limit if isinstance(limit, int) and limit > 0 else None
+
+
 def _revision(folder: Path) -> str | None:
     """The git commit checked out in `folder`, or None outside a git work tree."""
     try:
@@ -49,6 +59,7 @@ def environment() -> dict:
         mlx_lm = "not installed"
     return {
         "backend": backend(),
+        "buffer_limit": buffer_limit(),
         "mlx": md.version("mlx"),
         "mlx_lm": mlx_lm,
         "python": platform.python_version(),

@@ -91,6 +91,7 @@ def combine(processes: list[Process]) -> np.ndarray:
     out["step"] = np.arange(len(times))
     out["phase"] = PHASES.index("serve")
     out["request"] = out["turn"] = -1
+    out["buffers"] = out["arrays"] = -1  # a recording walks no holders
     out["time"] = times - times[0]
     for process, rows in kept:
         latest = np.searchsorted(rows[:, 0], times, side="right") - 1

@@ -47,6 +47,7 @@ from ..judge.summary import ModelFacts
 from ..scenario import ScenarioSpec, Variant
 from .defaults import DEFAULT_TIMEOUT
 from .engines import RunFailure, create, engine_class
+from . import holders_log
 from .probe import REQUEST, REQUESTS_SPOOL, ROW, SAMPLES_SPOOL, CounterReplaced, Probe
 from .rows import read
 from .workdirs import ROWS, made, sweep
@@ -70,6 +71,8 @@ class RunOutcome:
     model: ModelFacts | None = None  # the real model served (Engine.facts), None on synthetic K/V
     # The requests a server was sent (REQUEST rows); empty for the other engines.
     requests: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=REQUEST))
+    # The holders walked at each point at rest (harness.run.holders_log's rows).
+    holders: list[tuple] = field(default_factory=list)
 
 
 def estimate_bytes(spec: ScenarioSpec) -> int:
@@ -175,11 +178,14 @@ def execute(variant: Variant, on_step: Callable[[int, str], None] | None = None,
 
             message, ended, wall = _watch(child, timeout, admit, stop, shown)
         rows, requests = read(spool / SAMPLES_SPOOL, ROW), read(spool / REQUESTS_SPOOL, REQUEST)
+        holders = holders_log.read(spool / holders_log.HOLDERS_SPOOL)
     finally:
         shutil.rmtree(spool, ignore_errors=True)
         sweep()  # a killed child's own folders (a server's), once it has gone
-    return _outcome(variant, message or {}, ended, child.process.exitcode, last_step.value,
-                    wall, rows, requests)
+    outcome = _outcome(variant, message or {}, ended, child.process.exitcode, last_step.value,
+                       wall, rows, requests)
+    outcome.holders = holders
+    return outcome
 
 
 def _watch(child: Child, timeout: float, admit: Callable[[int], str | None],

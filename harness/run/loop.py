@@ -14,6 +14,7 @@ creates one in a child process per variant, the scenario tests and the benchmark
 from __future__ import annotations
 
 import gc
+import sys
 from typing import Any
 
 import mlx.core as mx
@@ -26,7 +27,7 @@ from ..judge.summary import ModelFacts
 from ..models.geometry import Geometry
 from ..scenario import ChatSpec, ComponentSpec, ScenarioSpec, WorkloadSpec
 from .engines import RUNTIME_SLACK, Progress
-from .probe import Probe, cycle_garbage, release_freed_heap
+from .probe import Probe, at_rest, release_freed_heap, walked
 from .synthetic import SyntheticKV
 
 
@@ -79,6 +80,7 @@ class Loop:
             construct(cache.session, self.geometry) if cache.session else None
         )
         self._live: list[list[LayerCache]] = []
+        self._points = 0  # points at rest so far
         self._request = -1
         self._turn = -1
         self._tokens = 0
@@ -124,9 +126,11 @@ class Loop:
         one token per entry of `planned`; the tokens generated."""
         raise NotImplementedError
 
-    def _record(self, phase: str, work: int, cyclic: int = 0, held: int = 0) -> None:
+    def _record(self, phase: str, work: int, cyclic: int = 0, held: int = 0,
+                census: Any = None) -> None:
         """End the step: one probe row; `held` counts bytes the engine itself holds (a real
-        model's logits in flight) with what the components report."""
+        model's logits in flight) with what the components report; `census`, the holders
+        walked at rest."""
         logical = held + sum(c.nbytes for caches in self._live for c in caches)
         host = 0
         for part in (self.store, self.session):
@@ -135,7 +139,7 @@ class Loop:
                 host += getattr(part, "host_bytes", 0)  # a component without it holds none
         self.probe.end(phase=phase, request=self._request, turn=self._turn, tokens=self._tokens,
                        logical=logical, host=host, minimum=self.geometry.minimum_bytes(self._tokens),
-                       work=work, cyclic=cyclic)
+                       work=work, cyclic=cyclic, census=census)
         if self.progress is not None:
             self.progress(self.probe.steps)
 
@@ -143,13 +147,18 @@ class Loop:
         """The request's caches once it is served: the ones it was served in, here."""
         return caches
 
-    def idle(self) -> None:
-        """A quiescent sample: nothing in flight, what remains is what is held, and of that
-        what only unreachable reference cycles hold (when the scenario looks for them)."""
-        cyclic = cycle_garbage() if self.spec.sampling.find_cycles else 0
+    def idle(self, last: bool = False) -> None:
+        """A quiescent sample: nothing in flight, what remains is what is held, of that what
+        only unreachable reference cycles hold (when the scenario looks for them), and who
+        holds the live arrays (when it walks them, at the points `walked` says; `last`: the
+        run's last point at rest; this frame and the walk's are not roots)."""
+        sampling = self.spec.sampling
+        self._points += 1
+        holders = sampling.holders and walked(self._points - 1, last)
+        rest = at_rest(sampling.find_cycles, holders, skip_frame=sys._getframe())
         release_freed_heap()
         self.probe.begin()
-        self._record("idle", 0, cyclic)
+        self._record("idle", 0, rest.cyclic, census=rest.census)
 
     def serve_requests(self) -> None:
         plan = request_plan(self.spec.workload, self.geometry.vocab, self.spec.sampling.seed)
@@ -174,7 +183,7 @@ class Loop:
                 self._record("store", 0)
             self._live, self._tokens = [], 0
             del caches
-            self.idle()
+            self.idle(last=index == len(plan) - 1)
 
     def serve_chat(self, chat: ChatSpec) -> None:
         rng = np.random.default_rng([self.spec.sampling.seed, 0])
@@ -200,7 +209,7 @@ class Loop:
             self.generate(caches, turn_tokens[: chat.user], 0, turn_tokens[chat.user:],
                           held=sum(turns))
             turns.append(chat.user + chat.model)
-            self.idle()
+            self.idle(last=turn == chat.turns - 1)
 
     def serve(self) -> None:
         """Serve the workload with Python's automatic cycle collector as it is, as in a server."""

@@ -7,7 +7,9 @@ spilled to a spool file as they come, so a soak's memory stays flat) and become 
 at the end.
 
 `cyclic` is nonzero only at idle points: the MLX bytes that only Python's cycle collector would
-free there (`cycle_garbage`), memory that unreachable reference cycles hold until it runs.
+free there (`at_rest`), memory that unreachable reference cycles hold until it runs; there too
+the holders of the live arrays are walked (`at_rest`'s census: the rows' `buffers` and
+`arrays`, and the holder log, holders.csv).
 `time` is seconds since the probe began; a server's rows (`add`, from its agent) count from the
 run's baseline sample.
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import numpy as np
@@ -32,17 +34,18 @@ from ..agent.kvmem_agent import (
     PHASES,
     Counters,
     Sample,
+    at_rest,
     current_rss,
-    cycle_garbage,
     release_freed_heap,
 )
+from .holders_log import HOLDERS_SPOOL, HolderLog
 from .rows import BLOCK, Rows
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["PHASES", "REQUEST", "ROW", "CounterReplaced", "NullProbe", "Probe", "Sample", "current_rss",
-           "cycle_garbage", "release_freed_heap", "to_frame"]
+__all__ = ["PHASES", "REQUEST", "ROW", "CounterReplaced", "NullProbe", "Probe", "Sample", "at_rest",
+           "current_rss", "release_freed_heap", "to_frame", "walked"]
 
 BOUND = Counters(mx, (*COUNTERS, "synchronize"))
 _synchronize = BOUND.bound["synchronize"]
@@ -50,12 +53,14 @@ _synchronize = BOUND.bound["synchronize"]
 
 # A sample's columns (less `entries`), the step's index and its own columns: `host` (bytes the
 # components hold outside MLX), `minimum` (the analytic bytes of the tokens held) and `work`
-# (the step's own input), in the order of samples.csv.
+# (the step's own input), in the order of samples.csv. `buffers` and `arrays` are counted where
+# the holders were walked (at rest), -1 elsewhere.
 ROW = np.dtype([
     ("step", np.int32), ("phase", np.uint8), ("request", np.int32), ("turn", np.int32),
     ("tokens", np.int64), ("active", np.int64), ("peak", np.int64), ("cache", np.int64),
     ("rss", np.int64), ("logical", np.int64), ("host", np.int64), ("minimum", np.int64),
     ("work", np.int64), ("cyclic", np.int64), ("time", np.float32), ("cap", np.int64),
+    ("buffers", np.int64), ("arrays", np.int64),
 ])
 
 
@@ -67,6 +72,15 @@ REQUEST = np.dtype([
     ("prompt_tokens", np.int32), ("completion_tokens", np.int32), ("disconnected", np.uint8),
 ])
 SAMPLES_SPOOL, REQUESTS_SPOOL = "samples.rows", "requests.rows"
+
+
+def walked(point: int, last: bool = False) -> bool:
+    """Whether the holders are walked at the run's `point`-th point at rest (0: the baseline):
+    the baseline, each power of two and the last (where the caller knows it is). A walk costs
+    about a microsecond per live Python object, a tenth of a second in a process that imported
+    mlx-lm; so spaced, a soak of 10,000 points at rest walks 15 times and still sees how the
+    holders grew from the first point to the latest (docs/holders.md)."""
+    return last or point & (point - 1) == 0
 
 
 class CounterReplaced(RuntimeError):
@@ -86,6 +100,7 @@ class Probe:
     def __init__(self, capacity: int = BLOCK, spool: Path | None = None):
         self._rows = Rows(ROW, capacity, spool and spool / SAMPLES_SPOOL)
         self._requests = Rows(REQUEST, BLOCK, spool and spool / REQUESTS_SPOOL)
+        self.holders = HolderLog(spool and spool / HOLDERS_SPOOL)
         self._before = 0
         self._streams: list[mx.Stream | mx.ThreadLocalStream] = []
         self._start = time.perf_counter()
@@ -101,7 +116,9 @@ class Probe:
         BOUND.reset_peak()
 
     def end(self, *, phase: str, request: int, turn: int, tokens: int, logical: int, host: int,
-            minimum: int, work: int, cyclic: int = 0) -> None:
+            minimum: int, work: int, cyclic: int = 0, census: Any = None) -> None:
+        """End the step with its row; `census` (at rest: `kvmem_holders.Census`), the holders
+        walked before it, whose groups go to the holder log under this row's step."""
         for stream in self._streams:
             _synchronize(stream)
         _synchronize()
@@ -110,7 +127,12 @@ class Probe:
         self.add(Sample(time=time.perf_counter() - self._start, phase=phase, request=request,
                         turn=turn, tokens=tokens, active=active, peak=peak,
                         cache=BOUND.cache(), rss=current_rss(), logical=logical,
-                        entries=0, cyclic=cyclic, cap=0), host=host, minimum=minimum, work=work)
+                        entries=0, cyclic=cyclic, cap=0,
+                        buffers=-1 if census is None else census.buffers,
+                        arrays=-1 if census is None else census.arrays),
+                 host=host, minimum=minimum, work=work)
+        if census is not None:
+            self.holders.add(self.steps - 1, request, turn, census.groups, census.approximate)
         self.verify()
 
     def verify(self) -> None:
@@ -126,7 +148,7 @@ class Probe:
         self._rows.append((len(self._rows), PHASES.index(sample.phase), sample.request,
                            sample.turn, sample.tokens, sample.active, sample.peak, sample.cache,
                            sample.rss, sample.logical, host, minimum, work, sample.cyclic,
-                           sample.time, sample.cap))
+                           sample.time, sample.cap, sample.buffers, sample.arrays))
 
     def request(self, index: int, sent: float, first: float | None, done: float,
                 prompt_tokens: int, completion_tokens: int, disconnected: bool) -> None:
@@ -158,6 +180,7 @@ class Probe:
         """Write out what the spool files have not yet got."""
         self._rows.close()
         self._requests.close()
+        self.holders.close()
 
 
 class NullProbe(Probe):

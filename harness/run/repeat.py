@@ -47,7 +47,8 @@ def run_repeated(variants: list[Variant], runs: int, out: Path,
             frame = samples(summary.path.parent)
             where = out / summary.scenario / summary.variant / "summary.json"
             summary, _ = write(summary.at(where), frame,
-                               samples(summary.path.parent, report.REQUESTS))
+                               samples(summary.path.parent, report.REQUESTS),
+                               samples(summary.path.parent, report.HOLDERS))
             summaries.append(summary)
     return summaries
 

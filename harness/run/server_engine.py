@@ -27,7 +27,9 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import TypeVar
 
 import psutil
 from packaging.requirements import Requirement
@@ -42,7 +44,7 @@ from ..scenario.server import Idle, ServerSpec
 from . import traffic, workdirs
 from .agented import AGENT_DIR, HOST, Agented, AgentSettings, ServerError
 from .engines import RUNTIME_SLACK, Progress
-from .probe import Probe, Sample
+from .probe import Probe, Sample, walked
 from .server_env import activated, environment
 
 __all__ = ["AGENT_DIR", "HOST", "ServerEngine", "ServerError", "free_port"]
@@ -190,6 +192,12 @@ class ServerEngine:
             answer = self._running.ask(command, when, self.server.settle + REPLY_SLACK)
             self._agent_s = float(answer.get("busy", 0.0))
             self._record(answer["rows"])
+            if "holders" in answer:  # an idle's walk: its groups go under the idle row's step
+                last = self.probe.last()
+                assert last is not None, "an idle command answers with its sample"
+                self.probe.holders.add(self.probe.steps - 1, int(last["request"]),
+                                       int(last["turn"]), answer["holders"],
+                                       bool(answer.get("census", {}).get("approximate")))
             if answer.get("replaced"):
                 raise ServerError(answer["replaced"])
 
@@ -204,10 +212,13 @@ class ServerEngine:
             self.probe.add(sample._replace(time=sample.time - self._origin), minimum=minimum)
             self._last = (sample.logical, sample.entries)
 
-    def _at_rest(self, when: str, request: int | None = None) -> None:
-        """A sample at rest; `request`, the last request sent, where no mark has said it."""
+    def _at_rest(self, when: str, request: int | None = None, last: bool = False) -> None:
+        """A sample at rest; `request`, the last request sent, where no mark has said it;
+        `last`, the traffic's last (the holders are walked where `walked` says)."""
         where = {} if request is None else {"request": request, "turn": -1}
-        self._command({"op": "idle", "cycles": self.spec.sampling.find_cycles,
+        sampling = self.spec.sampling
+        holders = sampling.holders and walked(self._rests + (self._base is not None), last)
+        self._command({"op": "idle", "cycles": sampling.find_cycles, "holders": holders,
                        "settle": self.server.settle, **where}, when)
         last = self.probe.last()
         assert last is not None, "an idle command answers with its sample"
@@ -359,17 +370,18 @@ class ServerEngine:
     def _closed_loop(self, port: int) -> None:
         """Rounds of `clients` requests, a sample at rest after each (and after each idle
         period)."""
-        for step in traffic.plan(self.http, self.spec.sampling.seed, self._lines, self._passes):
+        steps = traffic.plan(self.http, self.spec.sampling.seed, self._lines, self._passes)
+        for step, last in _with_last(steps):
             if self._done(self._served):
                 return
             if isinstance(step, float):
                 self._pause(step)
-                self._at_rest("after an idle period")
+                self._at_rest("after an idle period", last=last)
             else:
                 if self.http.max_requests is not None:
                     step = step[:self.http.max_requests - self._served]
                 self._round(port, step)
-                self._at_rest(f"after request {step[-1].index}")
+                self._at_rest(f"after request {step[-1].index}", last=last)
 
     def _open_loop(self, port: int) -> None:
         """Requests sent when due (`traffic.Pacer`), whether or not earlier ones are done; every
@@ -416,17 +428,17 @@ class ServerEngine:
                     pending.add(pool.submit(self._call, port, call, False))
                     sent, last = sent + 1, call.index
                 if pending or last != rested:  # the last rest already follows the last request
-                    self._rest_pause(pending, last)
+                    self._rest_pause(pending, last, final=True)
             except BaseException:
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
 
-    def _rest_pause(self, pending: set[Future], request: int) -> float:
-        """Let the requests in flight end, sample at rest (after `request`, the last sent):
-        the seconds it took."""
+    def _rest_pause(self, pending: set[Future], request: int, final: bool = False) -> float:
+        """Let the requests in flight end, sample at rest (after `request`, the last sent;
+        `final`, the traffic's last): the seconds it took."""
         began = time.monotonic()
         _settled(set(wait(pending).done))
-        self._at_rest(f"after request {request}", request)
+        self._at_rest(f"after request {request}", request, final)
         return time.monotonic() - began
 
     @property
@@ -478,6 +490,22 @@ class ServerEngine:
         if self._agented is not None:
             self._agented.stop()
         shutil.rmtree(self._workdir, ignore_errors=True)
+
+
+T = TypeVar("T")
+
+
+def _with_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
+    """Each item, and whether it is the last."""
+    iterator = iter(items)
+    try:
+        item = next(iterator)
+    except StopIteration:
+        return
+    for following in iterator:
+        yield item, False
+        item = following
+    yield item, True
 
 
 def _settled(pending: set[Future]) -> set[Future]:

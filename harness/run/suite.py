@@ -34,6 +34,7 @@ from rich.progress import Progress, TaskID
 
 from ..judge.detectors import detect
 from ..judge.expect import check, graded
+from ..judge.holders import largest, named
 from ..judge.metrics import RunFacts, Samples, figures, recorded
 from ..judge.records import Finding
 from ..judge.summary import SCHEMA, Environment, Series, Summary
@@ -41,6 +42,7 @@ from ..report import folder as report
 from ..report.console import progress_bars, warn
 from ..report.plots import plot_overlay, series
 from ..scenario import ScenarioSpec, Variant
+from . import holders_log
 from .defaults import DEFAULT_TIMEOUT
 from .environment import environment as describe_environment
 from .isolation import INTERRUPTED, RunOutcome, execute
@@ -107,21 +109,31 @@ def requests_frame(requests: Any) -> pd.DataFrame:
     return frame
 
 
+def holders_frame(rows: list[tuple]) -> pd.DataFrame:
+    """The holders walked at each point at rest (harness.run.holders_log's rows) as holders.csv
+    has them."""
+    return pd.DataFrame(rows, columns=list(holders_log.COLUMNS))
+
+
 def summarize(outcome: RunOutcome, environment: dict[str, Any],
               out: Path = Path()) -> tuple[pd.DataFrame, list[Finding], Summary]:
     """Samples, findings and the summary of one executed variant, whose report goes to `out`
     (out/scenario/variant/summary.json)."""
     spec = outcome.variant.spec
     frame = to_frame(outcome.rows)
+    frame.attrs["buffer_limit"] = environment.get("buffer_limit")  # the backend's, if it has one
+    holders = holders_frame(outcome.holders)
     # An interrupted run is judged on what it sampled, as a shorter run would be; it never passes.
     served = outcome.status in ("ok", INTERRUPTED) and not frame.empty
-    findings = detect(frame, spec.detect, environment["backend"]) if served else []
+    findings = (named(detect(frame, spec.detect, environment["backend"]), holders, frame)
+                if served else [])
     weights = outcome.model.weights if outcome.model is not None else None
     values = figures(Samples(frame if served else None, findings, spec.detect,
                              RunFacts(outcome.wall_s, outcome.estimate, weights)))
     expectations = check(spec.expect, findings, values) if served else []
     findings = graded(findings, spec.expect)
-    optional: dict[str, Any] = {"store_stats": outcome.store_stats, "model": outcome.model}
+    optional: dict[str, Any] = {"store_stats": outcome.store_stats, "model": outcome.model,
+                                "holders": largest(holders, frame) if served else None}
     summary = Summary(
         schema=SCHEMA, scenario=spec.name, variant=outcome.variant.name,
         scenario_file=str(outcome.variant.path), description=spec.description,
@@ -168,7 +180,8 @@ def run_variants(variants: list[Variant], out: Path, console: Console | None = N
                     continue
                 _finish_bar(progress, task, variant.label, outcome)
                 frame, _, summary = summarize(outcome, environment, out)
-                summary, written = write(summary, frame, requests_frame(outcome.requests))
+                summary, written = write(summary, frame, requests_frame(outcome.requests),
+                                         holders_frame(outcome.holders))
                 if not written:
                     progress.update(task, description=f"{variant.label} [failed: report not written]")
                 elif not frame.empty:  # a refused variant has no samples to draw
@@ -286,12 +299,12 @@ def _advance(progress: Progress, task: TaskID, label: str, steps: int, note: str
         progress.console.print(f"{label}: {steps} requests {note}", highlight=False, markup=False)
 
 
-def write(summary: Summary, frame: pd.DataFrame,
-          requests: pd.DataFrame | None = None) -> tuple[Summary, bool]:
+def write(summary: Summary, frame: pd.DataFrame, requests: pd.DataFrame | None = None,
+          holders: pd.DataFrame | None = None) -> tuple[Summary, bool]:
     """Write one variant's report where its summary says; a write that fails fails the variant,
     with the reason: the summary as it stands, and whether it was written."""
     try:
-        report.write_variant(summary.path.parent, frame, summary, requests)
+        report.write_variant(summary.path.parent, frame, summary, requests, holders)
     except OSError as exc:
         return summary.replace(status="failed", passed=False,
                                error=f"cannot write the report: {exc}"), False

@@ -242,6 +242,10 @@ class SamplingSpec(Strict):
     # point kvmem finds what unreachable reference cycles hold, without freeing it (the
     # gc_deferred finding; leak and retained leave those bytes to it). False: it does not look.
     find_cycles: Annotated[bool, Field(strict=True)] = True
+    # At each idle point kvmem walks the objects that hold MLX arrays (docs/holders.md): the
+    # `buffers` and `arrays` columns, holders.csv, and the holders findings name. False: it
+    # does not (every other figure is the same either way).
+    holders: Annotated[bool, Field(strict=True)] = True
 
 
 # Registry caches BatchGenerator can batch on the mlx_lm engine: one a sequence, merged into

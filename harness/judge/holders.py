@@ -1,0 +1,124 @@
+"""Who holds a finding's bytes: the groups of live MLX arrays walked at each point at rest
+(harness.agent.kvmem_holders; a variant's holders.csv) attributed to the findings that judge
+memory at rest, and the largest groups a summary keeps (docs/holders.md).
+
+A group is named by its path, so the same name at two points is the same holder: what a group
+gained between two points is what it took of the memory that grew there. Each finding names the
+groups that account for its bytes, largest first, until they cover COVERED of them (at most
+NAMED_AT_MOST):
+
+- a trend (`per` a request or turn: leak, unbounded's growth) the groups' growth over the
+  points it fitted, at its rate;
+- gc_deferred the groups only unreachable cycles hold, where it reports;
+- retained the groups whose buffers exceed their arrays' own bytes (a slice pinning its whole
+  buffer), by that excess;
+- buffers the groups whose buffer count grew from the first point at rest;
+- the others (a budget or a cap breached, aliased, a plateau) the groups' growth from the
+  first point at rest to where the finding reports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from .records import Finding, HeldAtRest, Holder
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+NAMING = ("leak", "unbounded", "plateau", "retained", "aliased", "gc_deferred", "over_cap",
+          "buffers")
+COVERED = 0.95
+NAMED_AT_MOST = 5
+KEPT = 10  # the groups a summary keeps
+
+
+def _point(holders: pd.DataFrame, step: int | None) -> pd.DataFrame:
+    """The groups walked at the last point at rest at or before `step` (the first point where
+    none is; the last where `step` is None)."""
+    steps = holders["step"].unique()
+    if step is None:
+        at = steps[-1]
+    else:
+        before = steps[steps <= step]
+        at = before[-1] if len(before) else steps[0]
+    return holders[holders["step"] == at].set_index("holder")
+
+
+def _change(first: pd.DataFrame, last: pd.DataFrame, column: str) -> pd.Series:
+    """Per group at `last`: its `column` there less at `first` (0 where it was not there)."""
+    return last[column] - first[column].reindex(last.index, fill_value=0)
+
+
+def _holders(amounts: pd.Series, groups: pd.DataFrame, scale: float = 1.0) -> list[Holder]:
+    """The groups with the largest positive `amounts` until they cover COVERED of the total,
+    at most NAMED_AT_MOST; each with its amount (times `scale`) and what it holds in `groups`."""
+    positive = amounts[amounts > 0].sort_values(ascending=False, kind="stable")
+    total, covered, named = positive.sum(), 0, []
+    for name, amount in positive.items():
+        if len(named) == NAMED_AT_MOST or (named and covered >= COVERED * total):
+            break
+        group = groups.loc[name]
+        named.append(Holder(holder=str(name), root=str(group["root"]),
+                            bytes=round(float(amount) * scale), logical=int(group["logical"]),
+                            arrays=int(group["arrays"]), buffers=int(group["buffers"]),
+                            path=str(group["path"])))
+        covered += amount
+    return named
+
+
+def _points_between(frame: pd.DataFrame, first: int, last: int) -> int:
+    """How many points at rest follow the one at step `first`, up to the one at `last`."""
+    steps = frame.loc[frame["phase"] == "idle", "step"]
+    return int(((steps > first) & (steps <= last)).sum())
+
+
+def held_by(finding: Finding, holders: pd.DataFrame, frame: pd.DataFrame) -> list[Holder]:
+    """The groups that account for `finding`'s bytes (module docstring); none for a kind
+    this does not name, or where nothing was walked. The walk is spaced (a run walks its
+    first point at rest, each power of two and its last), so a rate is a group's growth
+    between the walked points around the finding's span over the points at rest between
+    them."""
+    if finding.kind not in NAMING or holders.empty:
+        return []
+    at = _point(holders, finding.step)
+    if finding.kind == "gc_deferred":
+        cycles = at[at["root"] == "cycle"]
+        return _holders(cycles["bytes"], cycles)
+    if finding.kind == "retained":
+        return _holders(at["bytes"] - at["logical"], at)
+    first = _point(holders, int(holders["step"].iloc[0]))
+    if finding.kind == "buffers":
+        last = _point(holders, None)
+        return _holders(_change(first, last, "buffers"), last)
+    if finding.per is not None and finding.steps:
+        first, at = _point(holders, finding.steps[0]), _point(holders, finding.steps[-1])
+        span = _points_between(frame, int(first["step"].iloc[0]), int(at["step"].iloc[0]))
+        return _holders(_change(first, at, "bytes"), at, 1 / span) if span else []
+    return _holders(_change(first, at, "bytes"), at)
+
+
+def named(findings: list[Finding], holders: pd.DataFrame,
+          frame: pd.DataFrame) -> list[Finding]:
+    """Each finding with the holders of its bytes (`held_by`)."""
+    return [replace(f, holders=held_by(f, holders, frame)) if f.kind in NAMING else f
+            for f in findings]
+
+
+def largest(holders: pd.DataFrame, frame: pd.DataFrame) -> HeldAtRest | None:
+    """At the last point at rest walked: its KEPT largest groups and the active bytes there
+    that no walked array accounts for; None where nothing was walked."""
+    if holders.empty:
+        return None
+    at = _point(holders, None)
+    step = int(at["step"].iloc[0])
+    active = frame.loc[frame["step"] == step, "active"]
+    unreached = int(active.iloc[0]) - int(at["bytes"].sum()) if len(active) else 0
+    ordered = at.sort_values("bytes", ascending=False, kind="stable").head(KEPT)
+    groups = [Holder(holder=str(name), root=str(g["root"]), bytes=int(g["bytes"]),
+                     logical=int(g["logical"]), arrays=int(g["arrays"]),
+                     buffers=int(g["buffers"]), path=str(g["path"]))
+              for name, g in ordered.iterrows()]
+    return HeldAtRest(step=step, groups=groups, unreached=unreached,
+                      approximate=bool(at["approximate"].any()))
