@@ -129,9 +129,10 @@ def _cycle_core(garbage: list) -> list[tuple[object, str]]:
             if j in component:
                 component[_find(component, j)] = _find(component, i)
     kinds: dict[int, list[type]] = {}
+    own = {id(_instance_dict(obj)) for obj in garbage if type(obj).__dictoffset__}  # their dicts
     for i in component:
         members = kinds.setdefault(_find(component, i), [])
-        if type(garbage[i]) not in members:
+        if type(garbage[i]) not in members and id(garbage[i]) not in own:
             members.append(type(garbage[i]))
     return [(garbage[i], "cycle of " + ", ".join(
         kind.__qualname__ for kind in sorted(kinds[_find(component, i)], key=_foreign)))
