@@ -19,7 +19,8 @@ import mlx.nn as nn
 import pytest
 
 from harness.agent import kvmem_holders
-from harness.agent.kvmem_holders import Census, Group, buffer_limit, census, unreachable
+from harness.agent.kvmem_holders import Census, Group, buffer_limit, census
+from harness.agent.kvmem_rest import unreachable
 
 FIXTURE = "holders_fixture"
 

@@ -3,7 +3,8 @@ on command, sent to kvmem over one authenticated local connection.
 
 Standalone on purpose (the standard library, and MLX where the server has it): the server may
 run in another environment than kvmem's. kvmem's in-process probe imports the readers below
-(`current_rss`, `at_rest`, `release_freed_heap`), so both measure alike.
+(`current_rss`, and from `kvmem_rest`, beside it, what a point at rest measures), so both
+measure alike.
 
 Protocol (version 1), over `multiprocessing.connection` with the key kvmem gives:
 
@@ -53,9 +54,14 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from multiprocessing.connection import Client
 from typing import Any, NamedTuple
+
+if __package__:  # harness.agent.kvmem_agent, in kvmem
+    from .kvmem_rest import at_rest
+else:  # kvmem_agent, beside it on a server's PYTHONPATH
+    from kvmem_rest import at_rest  # type: ignore[import-not-found, no-redef]
 
 # hmac and Client: here, not in the agent's thread (a fork mid-import leaves a module half made)
 
@@ -97,73 +103,6 @@ class Sample(NamedTuple):
     arrays: int = -1   # live MLX arrays (at rest, when walked); -1: not measured
 
 
-def _libc_trim() -> Callable[[int], int] | None:
-    """glibc's `malloc_trim` from the symbols already loaded, or None (macOS, musl)."""
-    try:
-        return ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError, TypeError):
-        return None
-
-
-_MALLOC_TRIM = _libc_trim()
-
-
-def release_freed_heap() -> None:
-    """Hand memory glibc keeps after `free` back to the kernel, so RSS shows what is held.
-
-    On the CPU backend MLX buffers come from malloc; once freed, glibc keeps many of their pages
-    mapped, and RSS at a quiescent point would read them as host memory still in use.
-    """
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
-
-
-def _holders() -> Any:
-    """The walk (`kvmem_holders`), imported when first asked for: beside this module, as
-    `harness.agent.kvmem_holders` in kvmem and `kvmem_holders` on a server's PYTHONPATH."""
-    if __package__:
-        from . import kvmem_holders
-    else:
-        import kvmem_holders  # type: ignore[import-not-found, no-redef]
-    return kvmem_holders
-
-
-def cycle_garbage(garbage: list[Any] | None = None) -> int:
-    """The MLX bytes held by unreachable reference cycles, measured without freeing them:
-    those of the arrays among `garbage` (`kvmem_holders.unreachable()`, found now where not
-    given). Arrays that share a buffer count their own bytes each. Called where nothing is in
-    flight."""
-    array = _mlx_array()
-    if array is None:
-        return 0
-    found = _holders().unreachable() if garbage is None else garbage
-    return sum(obj.nbytes for obj in found if isinstance(obj, array))
-
-
-class Rest(NamedTuple):
-    """What a point at rest measures beside the counters: the MLX bytes only unreachable
-    cycles hold, and the census of who holds the live arrays (None where not asked)."""
-
-    cyclic: int
-    census: Any  # kvmem_holders.Census | None
-
-
-def at_rest(cycles: bool, holders: bool, skip_threads: Collection[int] = (),
-            skip_frame: Any = None) -> Rest:
-    """Measure a point at rest: cycle garbage where `cycles`, the holders where `holders`
-    (one collection serves both: the walk names the cycles it found). The walk skips
-    `skip_threads` and, in the calling thread, `skip_frame` and what it called."""
-    mx = _mlx()
-    garbage = _holders().unreachable() if cycles and mx is not None else []
-    census = None
-    if holders and mx is not None:
-        census = _holders().census(mx, garbage=garbage, skip_threads=skip_threads,
-                                   skip_frame=skip_frame)
-    cyclic = cycle_garbage(garbage)
-    del garbage  # the cycles are garbage again, freed whenever the collector next runs
-    return Rest(cyclic, census)
-
-
 class Counters:
     """MLX's memory counters as they were when bound, and a check that they still are.
 
@@ -203,11 +142,6 @@ def bind() -> Counters | None:
     """MLX's counters as they are now, or None in a process without MLX."""
     mx = _mlx()
     return None if mx is None else Counters(mx)
-
-
-def _mlx_array() -> Any:
-    mx = _mlx()
-    return None if mx is None else mx.array
 
 
 def _mlx() -> Any:
@@ -438,7 +372,6 @@ class Agent:
             self.settle(float(command.get("settle", 2.0)))
             rest = at_rest(bool(command.get("cycles")), bool(command.get("holders")),
                            skip_threads=self._threads)
-            release_freed_heap()
             self.take("idle", rest.cyclic, census=rest.census)
             if rest.census is not None:
                 return {**self.drain(), "holders": [tuple(g) for g in rest.census.groups],

@@ -17,11 +17,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import gc
+import re
 import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, NamedTuple
 
 if __package__:  # harness.agent.kvmem_holders, in kvmem's own processes
@@ -69,25 +70,6 @@ class Census(NamedTuple):
     objects: int          # Python objects the walk visited
     seconds: float        # the walk's wall time
     approximate: bool     # this MLX lacks get_array_buffer_size: bytes are nbytes, buffers arrays
-
-
-def unreachable() -> list:
-    """The objects a collection would free now, found without freeing them.
-
-    With DEBUG_SAVEALL the collector moves what it finds unreachable into `gc.garbage` instead of
-    freeing it; they are taken out again, so once the caller drops the list they are garbage
-    again, freed at the next collection as in the program. (Their finalizers and weak-reference
-    callbacks run now, as in any collection.)
-    """
-    flags, before = gc.get_debug(), len(gc.garbage)
-    gc.set_debug(flags | gc.DEBUG_SAVEALL)
-    try:
-        gc.collect()
-    finally:
-        gc.set_debug(flags)
-    found = gc.garbage[before:]
-    del gc.garbage[before:]
-    return found
 
 
 def buffer_limit(mx: Any) -> int | None:
@@ -362,6 +344,12 @@ def _attribute(parent: object, child: object) -> str:
     return f"<{type(child).__qualname__}>"
 
 
+def _collapsed(hops: Iterable[str]) -> str:
+    """Hops joined, a run of three or more `[*]` written `[*]...[*]`: a nest of any depth (a
+    prompt trie keyed token by token) is one holder, whatever each entry's depth."""
+    return re.sub(r"(?:\[\*\]){3,}", "[*]...[*]", "".join(hops))
+
+
 def _chain(walk: _Walk, node: int) -> list[int]:
     chain = []
     while node != -1:
@@ -385,13 +373,13 @@ def _names(walk: _Walk, node: int) -> tuple[str, str, str]:
     path = label + "".join(_hop(walk, n, True) for n in chain[1:])
     first = next((i for i, n in enumerate(objects) if not _foreign(type(walk.objects[n]))), None)
     if first is None:
-        return label + "".join(_hop(walk, n, False) for n in chain[1:]), path, kind
+        return label + _collapsed(_hop(walk, n, False) for n in chain[1:]), path, kind
     anchor = first
     while anchor + 1 < len(objects) and walk.kinds[objects[anchor + 1]] not in COLLECTION \
             and not _foreign(type(walk.objects[objects[anchor + 1]])):
         anchor += 1
     held = type(walk.objects[chain[anchor]])
-    holder = f"{held.__module__}:{held.__qualname__}" + "".join(
+    holder = f"{held.__module__}:{held.__qualname__}" + _collapsed(
         _hop(walk, n, False) for n in chain[anchor + 1:])
     return (f"{holder} ({walk.keys[root]})" if kind == "cycle" else holder), path, kind
 
@@ -465,7 +453,7 @@ def census(mx: Any, *, garbage: list | None = None, skip_threads: Collection[int
            skip_frame: types.FrameType | None = None) -> Census:
     """Every live MLX array, grouped by the holder on the shortest path to it from a root.
 
-    `garbage` (from `unreachable()`) adds what only unreachable cycles hold; `skip_threads`
+    `garbage` (from `kvmem_rest.unreachable()`) adds what only unreachable cycles hold; `skip_threads`
     leaves those threads' frames out; in the calling thread the walk starts at `skip_frame`'s
     caller (default: this function's caller)."""
     began = time.perf_counter()

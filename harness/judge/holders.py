@@ -9,16 +9,17 @@ NAMED_AT_MOST):
 
 - a trend (`per` a request or turn: leak, unbounded's growth) the groups' growth over the
   points it fitted, at its rate;
-- gc_deferred the groups only unreachable cycles hold, where it reports;
+- gc_deferred the groups only unreachable cycles hold;
 - retained the groups whose buffers exceed their arrays' own bytes (a slice pinning its whole
   buffer), by that excess;
 - buffers the groups whose buffer count grew from the first point at rest;
 - the others (a budget or a cap breached, aliased, a plateau) the groups' growth from the
-  first point at rest to where the finding reports.
+  first point at rest to the last.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -74,29 +75,45 @@ def _points_between(frame: pd.DataFrame, first: int, last: int) -> int:
     return int(((steps > first) & (steps <= last)).sum())
 
 
+def _fullest(holders: pd.DataFrame, amounts: Callable[[pd.DataFrame], pd.Series]
+             ) -> tuple[pd.Series, pd.DataFrame]:
+    """Of the walked points, the one whose groups' positive `amounts` sum highest (where a
+    finding reported at its worst step is seen best, the walk being spaced): those amounts
+    and the groups there."""
+    best: tuple[float, pd.Series, pd.DataFrame] | None = None
+    for step in holders["step"].unique():
+        at = _point(holders, int(step))
+        found = amounts(at)
+        total = float(found[found > 0].sum())
+        if best is None or total > best[0]:
+            best = (total, found, at)
+    assert best is not None, "a walked run has a point"
+    return best[1], best[2]
+
+
 def held_by(finding: Finding, holders: pd.DataFrame, frame: pd.DataFrame) -> list[Holder]:
     """The groups that account for `finding`'s bytes (module docstring); none for a kind
     this does not name, or where nothing was walked. The walk is spaced (a run walks its
-    first point at rest, each power of two and its last), so a rate is a group's growth
-    between the walked points around the finding's span over the points at rest between
-    them."""
+    first point at rest, each power of two and its last): a finding reported at its worst
+    point (gc_deferred, retained) is named where the walked points see it most; a bound
+    breached (judged where the run ends) and a plateau at the last point walked; a rate by
+    a group's growth between the walked points around the finding's span over the points at
+    rest between them."""
     if finding.kind not in NAMING or holders.empty:
         return []
-    at = _point(holders, finding.step)
     if finding.kind == "gc_deferred":
-        cycles = at[at["root"] == "cycle"]
-        return _holders(cycles["bytes"], cycles)
+        cycles, at = _fullest(holders, lambda at: at["bytes"].where(at["root"] == "cycle", 0))
+        return _holders(cycles, at)
     if finding.kind == "retained":
-        return _holders(at["bytes"] - at["logical"], at)
-    first = _point(holders, int(holders["step"].iloc[0]))
+        return _holders(*_fullest(holders, lambda at: at["bytes"] - at["logical"]))
+    first, last = _point(holders, int(holders["step"].iloc[0])), _point(holders, None)
     if finding.kind == "buffers":
-        last = _point(holders, None)
         return _holders(_change(first, last, "buffers"), last)
     if finding.per is not None and finding.steps:
         first, at = _point(holders, finding.steps[0]), _point(holders, finding.steps[-1])
         span = _points_between(frame, int(first["step"].iloc[0]), int(at["step"].iloc[0]))
         return _holders(_change(first, at, "bytes"), at, 1 / span) if span else []
-    return _holders(_change(first, at, "bytes"), at)
+    return _holders(_change(first, last, "bytes"), last)
 
 
 def named(findings: list[Finding], holders: pd.DataFrame,

@@ -29,9 +29,9 @@ def buffer_limit() -> int | None:
     `resource_limit`, 499,000 by default); None elsewhere."""
     import mlx.core as mx
 
-    info = getattr(mx, "device_info", None)  # an older MLX has it under mx.metal only
-    limit = (info() if info is not None else {}).get("resource_limit")
-    return limit if isinstance(limit, int) and limit > 0 else None
+    from ..agent.kvmem_holders import buffer_limit as reported
+
+    return reported(mx)
 
 
 def _revision(folder: Path) -> str | None:

@@ -45,9 +45,9 @@ import psutil
 from ..common.child import CONTEXT, Child, how
 from ..judge.summary import ModelFacts
 from ..scenario import ScenarioSpec, Variant
+from . import holders_log
 from .defaults import DEFAULT_TIMEOUT
 from .engines import RunFailure, create, engine_class
-from . import holders_log
 from .probe import REQUEST, REQUESTS_SPOOL, ROW, SAMPLES_SPOOL, CounterReplaced, Probe
 from .rows import read
 from .workdirs import ROWS, made, sweep

@@ -27,7 +27,7 @@ from ..judge.summary import ModelFacts
 from ..models.geometry import Geometry
 from ..scenario import ChatSpec, ComponentSpec, ScenarioSpec, WorkloadSpec
 from .engines import RUNTIME_SLACK, Progress
-from .probe import Probe, at_rest, release_freed_heap, walked
+from .probe import Probe, at_rest, walked
 from .synthetic import SyntheticKV
 
 
@@ -156,7 +156,6 @@ class Loop:
         self._points += 1
         holders = sampling.holders and walked(self._points - 1, last)
         rest = at_rest(sampling.find_cycles, holders, skip_frame=sys._getframe())
-        release_freed_heap()
         self.probe.begin()
         self._record("idle", 0, rest.cyclic, census=rest.census)
 

@@ -29,15 +29,8 @@ import mlx.core as mx
 import numpy as np
 
 # The readers and the sample the in-server agent uses too, so both measure alike.
-from ..agent.kvmem_agent import (
-    COUNTERS,
-    PHASES,
-    Counters,
-    Sample,
-    at_rest,
-    current_rss,
-    release_freed_heap,
-)
+from ..agent.kvmem_agent import COUNTERS, PHASES, Counters, Sample, current_rss
+from ..agent.kvmem_rest import at_rest
 from .holders_log import HOLDERS_SPOOL, HolderLog
 from .rows import BLOCK, Rows
 
@@ -45,7 +38,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["PHASES", "REQUEST", "ROW", "CounterReplaced", "NullProbe", "Probe", "Sample", "at_rest",
-           "current_rss", "release_freed_heap", "to_frame", "walked"]
+           "current_rss", "to_frame", "walked"]
 
 BOUND = Counters(mx, (*COUNTERS, "synchronize"))
 _synchronize = BOUND.bound["synchronize"]

@@ -27,9 +27,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import TypeVar
 
 import psutil
 from packaging.requirements import Requirement
@@ -371,7 +369,7 @@ class ServerEngine:
         """Rounds of `clients` requests, a sample at rest after each (and after each idle
         period)."""
         steps = traffic.plan(self.http, self.spec.sampling.seed, self._lines, self._passes)
-        for step, last in _with_last(steps):
+        for step, last in traffic.with_last(steps):
             if self._done(self._served):
                 return
             if isinstance(step, float):
@@ -490,22 +488,6 @@ class ServerEngine:
         if self._agented is not None:
             self._agented.stop()
         shutil.rmtree(self._workdir, ignore_errors=True)
-
-
-T = TypeVar("T")
-
-
-def _with_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
-    """Each item, and whether it is the last."""
-    iterator = iter(items)
-    try:
-        item = next(iterator)
-    except StopIteration:
-        return
-    for following in iterator:
-        yield item, False
-        item = following
-    yield item, True
 
 
 def _settled(pending: set[Future]) -> set[Future]:

@@ -24,9 +24,10 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -421,3 +422,19 @@ def latency(requests: np.ndarray) -> Latency | None:
         figures.update(ttft_p50_s=np.median(first), ttft_p95_s=np.percentile(first, 95),
                        ttft_max_s=first.max())
     return Latency(**{name: round(float(value), 4) for name, value in figures.items()})
+
+
+T = TypeVar("T")
+
+
+def with_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
+    """Each item, and whether it is the last."""
+    iterator = iter(items)
+    try:
+        item = next(iterator)
+    except StopIteration:
+        return
+    for following in iterator:
+        yield item, False
+        item = following
+    yield item, True
