@@ -27,7 +27,7 @@ def walked(points: list[tuple[int, list[tuple]]]) -> pd.DataFrame:
     """A holders frame: at each (step, groups) point at rest, request = its index."""
     log = HolderLog()
     for request, (step, groups) in enumerate(points):
-        log.add(step, request, -1, groups)
+        log.add(step, request, -1, groups, objects=1000 + step, seconds=0.25)
     return holders_frame(log.rows())
 
 
@@ -62,13 +62,15 @@ def test_a_point_keeps_its_largest_groups_and_folds_the_rest_so_they_still_sum()
 def test_the_spooled_log_reads_back_typed_and_drops_a_row_cut_short(tmp_path):
     spool = tmp_path / holders_log.HOLDERS_SPOOL
     log = HolderLog(spool)
-    log.add(3, 0, -1, [group(STORE, 4096, 2), group('m:CACHE["a,b"]', 16)], approximate=True)
+    log.add(3, 0, -1, [group(STORE, 4096, 2), group('m:CACHE["a,b"]', 16)], approximate=True,
+            objects=51234, seconds=0.125)
     log.close()
     spool.write_text(spool.read_text() + "4,1,-1,m:X,m:X,glo")  # a kill mid-row
     rows = holders_log.read(spool)
-    assert rows == [(3, 0, -1, STORE, f"{STORE}#path", "global", 4096, 4096, 2, 2, 0, 1),
-                    (3, 0, -1, 'm:CACHE["a,b"]', 'm:CACHE["a,b"]#path', "global", 16, 16, 1, 1,
-                     0, 1)]
+    assert rows == [
+        (3, 0, -1, STORE, f"{STORE}#path", "global", 4096, 4096, 2, 2, 0, 1, 51234, 0.125),
+        (3, 0, -1, 'm:CACHE["a,b"]', 'm:CACHE["a,b"]#path', "global", 16, 16, 1, 1, 0, 1, 51234,
+         0.125)]
     assert list(holders_frame(rows).columns) == list(COLUMNS)
 
 
@@ -143,6 +145,7 @@ def test_the_summary_keeps_the_largest_groups_and_what_no_path_reaches():
     kept = largest(growing(), frame)
     assert kept is not None
     assert (kept.step, [g.holder for g in kept.groups], kept.unreached) == (40, [WEIGHTS, STORE], MiB)
+    assert (kept.walks, kept.seconds, kept.objects) == (5, 1.25, 1040)
     assert largest(walked([]), frame) is None
 
 

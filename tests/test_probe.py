@@ -8,7 +8,8 @@ import mlx.core as mx
 import psutil
 import pytest
 
-from harness.run.probe import PHASES, ROW, Probe, current_rss, release_freed_heap, to_frame
+from harness.agent.kvmem_rest import release_freed_heap
+from harness.run.probe import PHASES, ROW, Probe, current_rss, to_frame
 
 
 def test_a_step_records_its_transient_peak_and_settled_active_bytes():

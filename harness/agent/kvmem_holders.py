@@ -384,11 +384,12 @@ def _names(walk: _Walk, node: int) -> tuple[str, str, str]:
     return (f"{holder} ({walk.keys[root]})" if kind == "cycle" else holder), path, kind
 
 
-def _roots(walk: _Walk, skip_threads: Collection[int], start: types.FrameType | None) -> None:
+def _roots(walk: _Walk, skip_threads: Collection[int], start: types.FrameType | None,
+           skip_modules: Collection[str] = ()) -> None:
     """Module globals first, then every thread's frames, innermost first (the calling thread's
     from `start`)."""
     modules = [(name, m) for name, m in _listed(sys.modules.items())
-               if isinstance(m, types.ModuleType)]
+               if isinstance(m, types.ModuleType) and name not in skip_modules]
     known = {id(m) for _, m in modules}
     for name, module in modules:  # grows: submodules not in sys.modules (mlx.core.random)
         keys, values = _pairs(vars(module).items())
@@ -450,12 +451,14 @@ def _tally(mx: Any, found: list[tuple[Any, str, str, str]]) -> list[Group]:
 
 
 def census(mx: Any, *, garbage: list | None = None, skip_threads: Collection[int] = (),
-           skip_frame: types.FrameType | None = None) -> Census:
+           skip_frame: types.FrameType | None = None,
+           skip_modules: Collection[str] = ()) -> Census:
     """Every live MLX array, grouped by the holder on the shortest path to it from a root.
 
-    `garbage` (from `kvmem_rest.unreachable()`) adds what only unreachable cycles hold; `skip_threads`
-    leaves those threads' frames out; in the calling thread the walk starts at `skip_frame`'s
-    caller (default: this function's caller)."""
+    `garbage` (from `kvmem_rest.unreachable()`) adds what only unreachable cycles hold;
+    `skip_threads` leaves those threads' frames out; in the calling thread the walk starts at
+    `skip_frame`'s caller (default: this function's caller); the globals of `skip_modules` are
+    no roots (kvmem's own, in a variant's process: most of what a walk would visit there)."""
     began = time.perf_counter()
     enabled = gc.isenabled()
     gc.disable()
@@ -463,7 +466,8 @@ def census(mx: Any, *, garbage: list | None = None, skip_threads: Collection[int
     seen.add(id(garbage))
     walk = _Walk(mx.array, seen)
     try:
-        _roots(walk, skip_threads, skip_frame.f_back if skip_frame else sys._getframe(1))
+        _roots(walk, skip_threads, skip_frame.f_back if skip_frame else sys._getframe(1),
+               skip_modules)
         walk.run()
         if garbage:
             _cycles(walk, garbage)

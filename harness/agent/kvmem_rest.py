@@ -70,12 +70,13 @@ class Rest(NamedTuple):
 
 
 def at_rest(cycles: bool, holders: bool, skip_threads: Collection[int] = (),
-            skip_frame: Any = None) -> Rest:
+            skip_frame: Any = None, skip_modules: Collection[str] = ()) -> Rest:
     """Measure a point at rest, with nothing in flight: cycle garbage where `cycles`, the
     holders where `holders` (one collection serves both: the walk names the cycles it found),
     then hand the freed heap back (the walk's own too) before the counters are read. The walk
-    skips `skip_threads` and, in the calling thread, `skip_frame` and what it called. In a
-    process without MLX there is nothing to measure but the heap."""
+    skips `skip_threads`, in the calling thread `skip_frame` and what it called, and the
+    globals of `skip_modules`. In a process without MLX there is nothing to measure but the
+    heap."""
     try:
         import mlx.core as mx
     except ImportError:
@@ -85,7 +86,7 @@ def at_rest(cycles: bool, holders: bool, skip_threads: Collection[int] = (),
     census = None
     if holders:
         census = kvmem_holders.census(mx, garbage=garbage, skip_threads=skip_threads,
-                                      skip_frame=skip_frame)
+                                      skip_frame=skip_frame, skip_modules=skip_modules)
     cyclic = sum(obj.nbytes for obj in garbage if isinstance(obj, mx.array))
     del garbage  # the cycles are garbage again, freed whenever the collector next runs
     release_freed_heap()

@@ -56,7 +56,8 @@ def _holders(amounts: pd.Series, groups: pd.DataFrame, scale: float = 1.0) -> li
     """The groups with the largest positive `amounts` until they cover COVERED of the total,
     at most NAMED_AT_MOST; each with its amount (times `scale`) and what it holds in `groups`."""
     positive = amounts[amounts > 0].sort_values(ascending=False, kind="stable")
-    total, covered, named = positive.sum(), 0, []
+    total, covered = positive.sum(), 0
+    named: list[Holder] = []
     for name, amount in positive.items():
         if len(named) == NAMED_AT_MOST or (named and covered >= COVERED * total):
             break
@@ -137,5 +138,8 @@ def largest(holders: pd.DataFrame, frame: pd.DataFrame) -> HeldAtRest | None:
                      logical=int(g["logical"]), arrays=int(g["arrays"]),
                      buffers=int(g["buffers"]), path=str(g["path"]))
               for name, g in ordered.iterrows()]
+    walks = holders.drop_duplicates("step")
     return HeldAtRest(step=step, groups=groups, unreached=unreached,
-                      approximate=bool(at["approximate"].any()))
+                      approximate=bool(at["approximate"].any()), walks=len(walks),
+                      seconds=round(float(walks["seconds"].sum()), 3),
+                      objects=int(at["objects"].iloc[0]))

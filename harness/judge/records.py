@@ -62,12 +62,18 @@ class HeldAtRest:
     largest groups, and `unreached`, the active bytes there no walked array accounts for
     (MLX's own: the inputs pending graphs keep, a compiled function's constants; the buffer
     cache is apart). `approximate`: the MLX walked lacks `get_array_buffer_size`, so a group's
-    bytes are its arrays' own and its buffers its arrays."""
+    bytes are its arrays' own and its buffers its arrays; `walks`, `seconds`, `objects`: what
+    the walks cost."""
 
     step: StrictInt
     groups: list[Holder] = Field(default_factory=list)
     unreached: StrictInt = 0
     approximate: StrictBool = Field(default=False, exclude_if=lambda flag: not flag)
+    # What the walks cost: how many points were walked, their seconds in all, and the Python
+    # objects the last one visited.
+    walks: StrictInt = 0
+    seconds: float = 0.0
+    objects: StrictInt = 0
 
     def grown_since(self, base: HeldAtRest) -> Holder | None:
         """The group that gained the most bytes since `base` (a run of the code before a

@@ -113,11 +113,14 @@ def details(console: Console, summaries: list[Summary]) -> None:
                 console.print(f"    held by {escape(holder.describe(f.per))}", highlight=False)
         if s.holders is not None and s.holders.groups:
             top = s.holders.groups[0]
-            console.print(f"  {label}: at rest (step {s.holders.step}) the largest holder is "
-                          f"{escape(top.describe())}; {mib(s.holders.unreached, 2)} MiB of active "
+            held = s.holders
+            console.print(f"  {label}: at rest (step {held.step}) the largest holder is "
+                          f"{escape(top.describe())}; {mib(held.unreached, 2)} MiB of active "
                           "memory no Python path reaches"
                           + (" (approximate: this MLX cannot size buffers)"
-                             if s.holders.approximate else ""), highlight=False)
+                             if held.approximate else "")
+                          + f"; {held.walks} walks, {held.seconds:g} s in all, "
+                          f"{held.objects:,} objects the last", highlight=False)
         if s.model is not None and s.model.weights is not None:
             console.print(f"  {label}: model {escape(str(s.model.name))} "
                           f"({escape(str(s.model.engine))}, {escape(str(s.model.layers))} layers): "

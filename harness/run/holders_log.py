@@ -18,18 +18,20 @@ from typing import IO
 MAX_GROUPS = 40
 # A group's fields, as harness.agent.kvmem_holders.Group has them (a test holds the two alike).
 GROUP = ("holder", "path", "root", "bytes", "logical", "arrays", "buffers", "pending")
-# `approximate`: 1 where the MLX walked lacks get_array_buffer_size (bytes are the arrays' own).
-COLUMNS = ("step", "request", "turn", *GROUP, "approximate")
+# The walk's own, on each of its rows: `approximate`, 1 where the MLX walked lacks
+# get_array_buffer_size (bytes are the arrays' own); `objects` it visited; `seconds` it took.
+WALK = ("approximate", "objects", "seconds")
+COLUMNS = ("step", "request", "turn", *GROUP, *WALK)
 HOLDERS_SPOOL = "holders.csv"
-HolderRow = tuple  # (step, request, turn, *Group, approximate)
+HolderRow = tuple  # (step, request, turn, *Group, *WALK)
 
 
 def bounded(groups: Sequence[Sequence]) -> list[tuple]:
     """The largest MAX_GROUPS groups (they come largest first) and one row for the rest."""
-    groups = [tuple(g) for g in groups]
-    if len(groups) <= MAX_GROUPS:
-        return groups
-    kept, rest = groups[:MAX_GROUPS], groups[MAX_GROUPS:]
+    rows = [tuple(g) for g in groups]
+    if len(rows) <= MAX_GROUPS:
+        return rows
+    kept, rest = rows[:MAX_GROUPS], rows[MAX_GROUPS:]
     counts = [sum(g[i] for g in rest) for i in range(GROUP.index("bytes"), len(GROUP))]
     return [*kept, (f"({len(rest)} smaller holders)", "", "other", *counts)]
 
@@ -46,8 +48,9 @@ class HolderLog:
             self._writer.writerow(COLUMNS)
 
     def add(self, step: int, request: int, turn: int, groups: Iterable[Sequence],
-            approximate: bool = False) -> None:
-        rows = [(step, request, turn, *g, int(approximate)) for g in bounded(list(groups))]
+            approximate: bool = False, objects: int = 0, seconds: float = 0.0) -> None:
+        walk = (int(approximate), objects, round(seconds, 4))
+        rows = [(step, request, turn, *g, *walk) for g in bounded(list(groups))]
         if self._file is None:
             self._rows.extend(rows)
             return
@@ -71,7 +74,7 @@ def read(path: Path) -> list[HolderRow]:
     except FileNotFoundError:
         return []
     kinds = [int, int, int, *(str if field in ("holder", "path", "root") else int
-                               for field in GROUP), int]
+                               for field in GROUP), int, int, float]
     rows = []
     for row in list(csv.reader(io.StringIO(text)))[1:]:
         if len(row) == len(kinds):

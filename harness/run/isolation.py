@@ -30,6 +30,7 @@ import contextlib
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -108,7 +109,8 @@ def _child(variant: Variant, last_step: Any, note: Any, spool: Path, pipe: Conne
     """Runs in the child: estimate, wait for the parent's verdict, serve (rows to `spool`),
     send the outcome; SIGTERM (an interrupt) ends the serving early, what was served kept."""
     signal.signal(signal.SIGTERM, _interrupt)
-    probe = Probe(spool=spool)
+    # What the child imported before any of the variant's code: kvmem's, no roots of a walk.
+    probe = Probe(spool=spool, own_modules=frozenset(sys.modules))
 
     def progress(steps: int, said: str | None = None) -> None:
         last_step.value = steps

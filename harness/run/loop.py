@@ -27,7 +27,7 @@ from ..judge.summary import ModelFacts
 from ..models.geometry import Geometry
 from ..scenario import ChatSpec, ComponentSpec, ScenarioSpec, WorkloadSpec
 from .engines import RUNTIME_SLACK, Progress
-from .probe import Probe, at_rest, walked
+from .probe import Probe, walked
 from .synthetic import SyntheticKV
 
 
@@ -155,7 +155,7 @@ class Loop:
         sampling = self.spec.sampling
         self._points += 1
         holders = sampling.holders and walked(self._points - 1, last)
-        rest = at_rest(sampling.find_cycles, holders, skip_frame=sys._getframe())
+        rest = self.probe.rest(sampling.find_cycles, holders, sys._getframe())
         self.probe.begin()
         self._record("idle", 0, rest.cyclic, census=rest.census)
 

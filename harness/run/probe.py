@@ -22,6 +22,7 @@ step fails the run naming what replaced it (`CounterReplaced`).
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,14 +31,14 @@ import numpy as np
 
 # The readers and the sample the in-server agent uses too, so both measure alike.
 from ..agent.kvmem_agent import COUNTERS, PHASES, Counters, Sample, current_rss
-from ..agent.kvmem_rest import at_rest
+from ..agent.kvmem_rest import Rest, at_rest
 from .holders_log import HOLDERS_SPOOL, HolderLog
 from .rows import BLOCK, Rows
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["PHASES", "REQUEST", "ROW", "CounterReplaced", "NullProbe", "Probe", "Sample", "at_rest",
+__all__ = ["PHASES", "REQUEST", "ROW", "CounterReplaced", "NullProbe", "Probe", "Sample",
            "current_rss", "to_frame", "walked"]
 
 BOUND = Counters(mx, (*COUNTERS, "synchronize"))
@@ -90,8 +91,10 @@ class Probe:
     generation stream, where work is still queued when a decode step yields its token).
     """
 
-    def __init__(self, capacity: int = BLOCK, spool: Path | None = None):
+    def __init__(self, capacity: int = BLOCK, spool: Path | None = None,
+                 own_modules: Collection[str] = ()):
         self._rows = Rows(ROW, capacity, spool and spool / SAMPLES_SPOOL)
+        self.own_modules = own_modules  # kvmem's, whose globals a walk takes for no roots
         self._requests = Rows(REQUEST, BLOCK, spool and spool / REQUESTS_SPOOL)
         self.holders = HolderLog(spool and spool / HOLDERS_SPOOL)
         self._before = 0
@@ -125,8 +128,14 @@ class Probe:
                         arrays=-1 if census is None else census.arrays),
                  host=host, minimum=minimum, work=work)
         if census is not None:
-            self.holders.add(self.steps - 1, request, turn, census.groups, census.approximate)
+            self.holders.add(self.steps - 1, request, turn, census.groups, census.approximate,
+                             census.objects, census.seconds)
         self.verify()
+
+    def rest(self, cycles: bool, holders: bool, skip_frame: Any) -> Rest:
+        """Measure a point at rest (`kvmem_rest.at_rest`), kvmem's own modules' globals no
+        roots of the walk."""
+        return at_rest(cycles, holders, skip_frame=skip_frame, skip_modules=self.own_modules)
 
     def verify(self) -> None:
         """Raise CounterReplaced if the code under test has replaced one of MLX's functions

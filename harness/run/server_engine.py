@@ -193,9 +193,11 @@ class ServerEngine:
             if "holders" in answer:  # an idle's walk: its groups go under the idle row's step
                 last = self.probe.last()
                 assert last is not None, "an idle command answers with its sample"
+                walk = answer.get("census", {})
                 self.probe.holders.add(self.probe.steps - 1, int(last["request"]),
                                        int(last["turn"]), answer["holders"],
-                                       bool(answer.get("census", {}).get("approximate")))
+                                       bool(walk.get("approximate")), int(walk.get("objects", 0)),
+                                       float(walk.get("seconds", 0.0)))
             if answer.get("replaced"):
                 raise ServerError(answer["replaced"])
 
@@ -210,12 +212,12 @@ class ServerEngine:
             self.probe.add(sample._replace(time=sample.time - self._origin), minimum=minimum)
             self._last = (sample.logical, sample.entries)
 
-    def _at_rest(self, when: str, request: int | None = None, last: bool = False) -> None:
+    def _at_rest(self, when: str, request: int | None = None, final: bool = False) -> None:
         """A sample at rest; `request`, the last request sent, where no mark has said it;
-        `last`, the traffic's last (the holders are walked where `walked` says)."""
+        `final`, the traffic's last (the holders are walked where `walked` says)."""
         where = {} if request is None else {"request": request, "turn": -1}
         sampling = self.spec.sampling
-        holders = sampling.holders and walked(self._rests + (self._base is not None), last)
+        holders = sampling.holders and walked(self._rests + (self._base is not None), final)
         self._command({"op": "idle", "cycles": sampling.find_cycles, "holders": holders,
                        "settle": self.server.settle, **where}, when)
         last = self.probe.last()
@@ -374,12 +376,12 @@ class ServerEngine:
                 return
             if isinstance(step, float):
                 self._pause(step)
-                self._at_rest("after an idle period", last=last)
+                self._at_rest("after an idle period", final=last)
             else:
                 if self.http.max_requests is not None:
                     step = step[:self.http.max_requests - self._served]
                 self._round(port, step)
-                self._at_rest(f"after request {step[-1].index}", last=last)
+                self._at_rest(f"after request {step[-1].index}", final=last)
 
     def _open_loop(self, port: int) -> None:
         """Requests sent when due (`traffic.Pacer`), whether or not earlier ones are done; every
