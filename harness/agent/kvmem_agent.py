@@ -23,7 +23,8 @@ Protocol (version 1), over `multiprocessing.connection` with the key kvmem gives
   (without freeing it) when asked, walks the objects that hold MLX arrays when asked
   (`kvmem_holders`: the answer's `holders`, each group a plain tuple, and `census`, what the
   walk cost), hands freed heap back to the system and samples;
-  `{"op": "rows"}` only drains; `{"op": "stop"}` drains and ends the agent.
+  `{"op": "rows"}` only drains, and with `"holders": true` walks as well (nothing collected, no
+  row at rest: a recorded program is at work); `{"op": "stop"}` drains and ends the agent.
 - if the connection ends without a stop, kvmem is gone: the agent kills its process (and the
   process group it leads), so a server never outlives the kvmem that started it.
 - a row is a `Sample` as a plain tuple: `time.monotonic()`, phase "serve" (the period),
@@ -363,6 +364,7 @@ class Agent:
 
     def handle(self, command: dict) -> dict:
         op = command.get("op")
+        rest = None
         if op == "mark":
             self._request, self._turn = command["request"], command.get("turn", -1)
             self.take("request", tokens=command.get("tokens", 0))
@@ -373,16 +375,19 @@ class Agent:
             rest = at_rest(bool(command.get("cycles")), bool(command.get("holders")),
                            skip_threads=self._threads)
             self.take("idle", rest.cyclic, census=rest.census)
-            if rest.census is not None:
-                return {**self.drain(), "holders": [tuple(g) for g in rest.census.groups],
-                        "census": {"seconds": rest.census.seconds,
-                                   "objects": rest.census.objects,
-                                   "approximate": rest.census.approximate}}
+        elif op == "rows" and command.get("holders") and "mlx.core" in sys.modules:
+            # A program at work (`kvmem record`): nothing collected, no row at rest taken, and
+            # no MLX imported for it.
+            rest = at_rest(False, True, skip_threads=self._threads)
         elif op == "stop":
             self._stop.set()
         elif op != "rows":
             return {"error": f"unknown op {op!r}", **self.drain()}
-        return self.drain()
+        if rest is None or rest.census is None:
+            return self.drain()
+        return {**self.drain(), "holders": [tuple(g) for g in rest.census.groups],
+                "census": {"seconds": rest.census.seconds, "objects": rest.census.objects,
+                           "approximate": rest.census.approximate}}
 
     def sample(self) -> None:
         self._threads.add(threading.get_ident())
