@@ -26,7 +26,8 @@ from harness.judge.detectors import detect_spec
 from harness.judge.over_time import DriftThresholds, drift, fit, parse_rate
 from harness.models.folder import folder
 from harness.models.loading import ModelChoice
-from harness.run.followed import Process, combine
+from harness.run.followed import Process, Walk, combine, holder_rows, next_walk
+from harness.run.probe import ROW
 from harness.run.record import default_name
 from tests.conftest import SMALL_MODEL
 
@@ -93,6 +94,17 @@ HOST_GROWING = textwrap.dedent("""
         time.sleep(0.02)
 """).replace("MiB", str(MiB))
 
+# Keeps 1 MiB more of MLX memory every 0.2 s in a module-level list: a holder the walk names.
+KEEPING = textwrap.dedent("""
+    import time
+    import mlx.core as mx
+    KEPT = []
+    while True:
+        KEPT.append(mx.zeros((MiB // 4,), dtype=mx.float32))
+        mx.eval(KEPT[-1])
+        time.sleep(0.2)
+""").replace("MiB", str(MiB))
+
 
 def record(tmp_path: Path, *options: str, script: str | None = None,
            command: list[str] | None = None) -> int:
@@ -138,6 +150,49 @@ def test_a_growing_process_is_reported_with_its_rate_and_fails_only_past_its_bud
     assert "the fitted growth is over the budget of 1 MiB" in finding["message"]
     assert "the last sample is over the budget of 1 MiB" in finding["message"]
     assert summary(tmp_path, "over")["passed"] is False
+
+
+def test_drift_names_the_holder_that_grew_and_no_holders_walks_nothing(tmp_path: Path) -> None:
+    """The command's first process is walked at its first drain, at 2 s and at the end:
+    holders.csv has the list growing by its 1 MiB arrays, and the drift finding names it with
+    what it gained from the first walk to the last."""
+    assert record(tmp_path, "--name", "walked", "--duration", "3", script=KEEPING) == 0
+    found = summary(tmp_path, "walked")
+    (finding,) = found["findings"]
+    assert finding["kind"] == "drift"
+    holders = pd.read_csv(tmp_path / "record" / "walked" / "holders.csv")
+    kept = holders[holders["holder"] == "__main__:KEPT[*]"]
+    assert len(kept) == holders["step"].nunique() == 3
+    assert list(kept["bytes"]) == [arrays * MiB for arrays in kept["arrays"]]
+    assert kept["arrays"].is_monotonic_increasing
+    assert kept["arrays"].iloc[-1] > kept["arrays"].iloc[0]
+    (holder,) = finding["holders"]
+    assert holder["holder"] == "__main__:KEPT[*]" and holder["root"] == "global"
+    assert holder["bytes"] == kept["bytes"].iloc[-1] - kept["bytes"].iloc[0]
+    assert found["holders"]["groups"][0]["holder"] == "__main__:KEPT[*]"
+    assert found["holders"]["walks"] == 3
+
+    assert record(tmp_path, "--name", "unwalked", "--duration", "3", "--no-holders",
+                  script=KEEPING) == 0
+    assert not (tmp_path / "record" / "unwalked" / "holders.csv").exists()
+    unwalked = summary(tmp_path, "unwalked")
+    assert [f["kind"] for f in unwalked["findings"]] == ["drift"]
+    assert not unwalked["findings"][0].get("holders") and unwalked.get("holders") is None
+
+
+def test_a_walk_is_placed_at_the_last_sample_at_or_before_it() -> None:
+    """Walks come at 1, 2, 4, 8… s; each goes to the report's last sample at or before its
+    answer (times counted from the first sample), the later of two at one sample."""
+    assert [next_walk(t) for t in (0.0, 0.3, 1.02, 2.5, 4.0)] == [1, 1, 2, 4, 8]
+    rows = np.zeros(4, ROW)
+    rows["step"], rows["time"] = np.arange(4), [0.0, 0.1, 0.2, 0.3]
+    census = {"approximate": False, "objects": 100, "seconds": 0.01}
+    walks = [Walk(10.05, [(name, name, "global", MiB, MiB, 1, 1, 0)], census)
+             for name in ("m:A", "m:B")]
+    walks.append(Walk(10.25, [("m:C", "m:C", "global", MiB, MiB, 1, 1, 0)], census))
+    frame = holder_rows(walks, rows, 10.0)
+    assert list(zip(frame["step"], frame["holder"], strict=True)) == [(0, "m:B"), (2, "m:C")]
+    assert holder_rows(walks, rows[:0], None).empty
 
 
 def test_a_growth_rate_over_max_growth_fails_the_run(tmp_path: Path) -> None:

@@ -57,7 +57,8 @@ def record(args: argparse.Namespace, console: Console) -> int:
         name=recorder.checked_name(args.name) if args.name is not None
         else recorder.default_name(args.words),
         period=args.period or 0.1, duration=args.duration, logical=args.logical, cap=args.cap,
-        budget=args.budget, rate=args.max_growth, ready_timeout=args.ready_timeout or 120.0)
+        budget=args.budget, rate=args.max_growth, ready_timeout=args.ready_timeout or 120.0,
+        holders=not args.no_holders)
     recorder.check_agent_paths(args.logical, args.cap)
     done = recorder.record(settings, console)
     console.print(term.results([done.summary]))
@@ -81,6 +82,9 @@ def _traffic(args: argparse.Namespace, console: Console) -> int:
     if given:
         raise BadInput(f"{given[0]}: not with --traffic (the reports are the scenario's "
                        "variants', judged by its detect: and expect:)")
+    if args.no_holders:
+        raise BadInput("--no-holders: not with --traffic (the scenario's sampling.holders says "
+                       "whether its variants walk their holders)")
     from ..run import record as recorder
 
     changes: dict[str, Any] = {field: getattr(args, name) for name, field in _SERVER_OPTIONS.items()
@@ -133,6 +137,10 @@ def add(sub: argparse._SubParsersAction) -> None:
     recording.add_argument("--max-growth", type=rate, metavar="RATE",
                            help="the most either fitted trend (MLX's, RSS's) may climb, e.g. "
                                 "5MiB/s")
+    recording.add_argument("--no-holders", action="store_true",
+                           help="do not walk the holders of the command's MLX arrays (by "
+                                "default its first process is walked at 1, 2, 4, 8… s and at "
+                                "the end, a pause of the command each time; holders.csv)")
     recording.add_argument("--ready-timeout", type=options.seconds, metavar="S",
                            help="seconds the agent has to connect (default: 120)")
     recording.add_argument("--traffic", metavar="FILE",

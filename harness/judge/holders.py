@@ -13,8 +13,8 @@ NAMED_AT_MOST):
 - retained the groups whose buffers exceed their arrays' own bytes (a slice pinning its whole
   buffer), by that excess;
 - buffers the groups whose buffer count grew from the first point at rest;
-- the others (a budget or a cap breached, aliased, a plateau) the groups' growth from the
-  first point at rest to the last.
+- the others (a budget or a cap breached, aliased, a plateau, a recording's drift) the groups'
+  growth from the first point at rest to the last (a recording's first walk to its last).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 NAMING = ("leak", "unbounded", "plateau", "retained", "aliased", "gc_deferred", "over_cap",
-          "buffers")
+          "buffers", "drift")
 COVERED = 0.95
 NAMED_AT_MOST = 5
 KEPT = 10  # the groups a summary keeps

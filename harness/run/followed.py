@@ -5,13 +5,15 @@ The first process's agent is asked through `Agented` (its answer is handed to `k
 other Python process the command starts connects on its own (`Followers`) and is asked here.
 The report's samples are the processes' sum: at every time one of them sampled, each at its
 latest sample (nothing before its first, nor after the last of one that exited), on the clock
-the processes share (`time.monotonic`, system-wide).
+the processes share (`time.monotonic`, system-wide). The first process's holder walks (`Walk`)
+are placed on those samples.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import shlex
 import time
 from typing import TYPE_CHECKING, Any
@@ -20,7 +22,9 @@ import numpy as np
 import psutil
 
 from .agented import Followers, ServerError
+from .holders_log import HolderLog
 from .probe import PHASES, ROW, Sample
+from .suite import holders_frame
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -79,6 +83,13 @@ class Process:
                 "rss": int(last[KEPT.index("rss")]), "exited": self.exited}
 
 
+def origin(processes: list[Process]) -> float | None:
+    """The clock reading the report's times count from: the earliest sample of any process
+    (None before one)."""
+    firsts = [process.array()[0, 0] for process in processes if len(process)]
+    return float(min(firsts)) if firsts else None
+
+
 def combine(processes: list[Process]) -> np.ndarray:
     """The processes' rows as one series of `ROW`s: at every time one of them sampled, the sum
     of each one's latest sample (nothing before its first, nor after the last of one that
@@ -91,7 +102,7 @@ def combine(processes: list[Process]) -> np.ndarray:
     out["step"] = np.arange(len(times))
     out["phase"] = PHASES.index("serve")
     out["request"] = out["turn"] = -1
-    out["buffers"] = out["arrays"] = -1  # a recording walks no holders
+    out["buffers"] = out["arrays"] = -1  # a recording has no point at rest to count them at
     out["time"] = times - times[0]
     for process, rows in kept:
         latest = np.searchsorted(rows[:, 0], times, side="right") - 1
@@ -100,6 +111,37 @@ def combine(processes: list[Process]) -> np.ndarray:
             values = rows[:, KEPT.index(column)]
             out[column] += np.where(live, values[latest.clip(0)], 0).astype(np.int64)
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Walk:
+    """One walk of the first process's holders: when its agent answered (`time.monotonic`, the
+    samples' clock), the groups as plain tuples, and what the walk cost (`census`)."""
+
+    time: float
+    groups: list[tuple]
+    census: dict[str, Any]
+
+
+def next_walk(elapsed: float) -> float:
+    """The first power of two seconds after `elapsed` (1 s before the first second): the
+    recording walks O(log t) times."""
+    return 2.0 ** (math.floor(math.log2(max(elapsed, 0.5))) + 1)
+
+
+def holder_rows(walks: list[Walk], rows: np.ndarray, start: float | None) -> pd.DataFrame:
+    """The walks as holders.csv's rows, each at the last of `rows` (`combine`'s, whose times
+    count from `start`) at or before it; of two walks at one sample, the later."""
+    at: dict[int, Walk] = {}
+    if start is not None and len(rows):
+        for walk in walks:
+            index = int(np.searchsorted(rows["time"], walk.time - start, side="right")) - 1
+            at[int(rows["step"][max(index, 0)])] = walk
+    log = HolderLog()
+    for step, walk in sorted(at.items()):
+        log.add(step, -1, -1, walk.groups, bool(walk.census["approximate"]),
+                int(walk.census["objects"]), float(walk.census["seconds"]))
+    return holders_frame(log.rows())
 
 
 class Family:
@@ -189,14 +231,13 @@ class Family:
         """Every process's own rows (`processes.csv`), on the report's clock."""
         import pandas as pd
 
-        arrays = [(process.pid, process.array()) for process in self.processes if len(process)]
-        if not arrays:
+        start = origin(self.processes)
+        if start is None:
             return pd.DataFrame(columns=["pid", *KEPT])
-        origin = min(rows[0, 0] for _, rows in arrays)
-        frames = [pd.DataFrame(rows, columns=list(KEPT)).assign(pid=pid)
-                  for pid, rows in arrays]
+        frames = [pd.DataFrame(process.array(), columns=list(KEPT)).assign(pid=process.pid)
+                  for process in self.processes if len(process)]
         frame = pd.concat(frames, ignore_index=True)
-        frame["time"] -= origin
+        frame["time"] -= start
         return frame[["pid", *KEPT]].astype({name: "int64" for name in SUMMED})
 
 

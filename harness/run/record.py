@@ -13,6 +13,12 @@ The agent follows the command's Python children (`subprocess`, `multiprocessing`
 each sampled on its own and summed (`harness.run.followed`): `processes.csv` holds every
 process's rows, the summary each one's figures and what kvmem could not see.
 
+The first process's agent also walks the holders of its MLX arrays (`harness.agent.kvmem_holders`)
+at the first drain, at each drain once the recording has passed the next power of two seconds,
+and at the last drain while the command still runs: a program at work, so nothing is collected.
+Each walk goes to holders.csv at the last sample at or before it, and `drift` names the groups
+that grew from the first walk to the last. Children are not walked.
+
 The command's output goes to a log beside the report while it runs, moved into the report
 folder at the end (`command.log`). The command never outlives kvmem: it is stopped, with its
 process group, however the recording ends, and the report is written on Ctrl-C too (a second
@@ -45,6 +51,7 @@ from ..common.names import flaw
 from ..common.units import format_bytes
 from ..judge.detectors import DetectSpec, detect, detect_spec
 from ..judge.expect import check, expect_spec, graded
+from ..judge.holders import largest, named
 from ..judge.metrics import RunFacts, Samples, figures, recorded
 from ..judge.over_time import describe, fit, per_second
 from ..judge.summary import SCHEMA, Environment, ModelFacts, Series, Summary
@@ -54,7 +61,7 @@ from ..scenario import Variant
 from ..scenario.server import ServerSpec
 from .agented import Agented, AgentSettings, ServerError
 from .environment import environment as describe_environment
-from .followed import REPLY_TIMEOUT, Family, combine
+from .followed import REPLY_TIMEOUT, Family, Walk, combine, holder_rows, next_walk, origin
 from .probe import to_frame
 from .server_engine import free_port
 from .suite import write
@@ -87,6 +94,7 @@ class Settings:
     budget: int | None = None
     rate: int | None = None
     ready_timeout: float = 120.0
+    holders: bool = True
 
     @property
     def folder(self) -> Path:
@@ -164,6 +172,8 @@ class Session:
             what="the command")
         self.family: Family | None = None  # the command's processes, once the first is up
         self.began: float | None = None   # when sampling began, on kvmem's monotonic clock
+        self.walks: list[Walk] = []
+        self._walk_after = 0.0  # the elapsed seconds after which a drain walks again
         self._asking = False  # a drain in progress: cut short, its answers are not to be read
         self._stopped = False
 
@@ -177,18 +187,23 @@ class Session:
     def elapsed(self) -> float:
         return 0.0 if self.began is None else time.monotonic() - self.began
 
-    def drain(self, when: str) -> bool:
-        """The rows every process sampled since the last drain; False where the command has
-        exited meanwhile. A counter the command's code replaced fails the recording."""
+    def drain(self, when: str, last: bool = False) -> bool:
+        """The rows every process sampled since the last drain, with a walk of the first
+        process's holders where one is due (`next_walk`) or `last`; False where the command
+        has exited meanwhile. A counter the command's code replaced fails the recording."""
+        walking = self.settings.holders and (last or self.elapsed >= self._walk_after)
         self._asking = True
         try:
-            answer = self.agented.ask({"op": "rows"}, when, REPLY_TIMEOUT)
+            answer = self.agented.ask({"op": "rows", "holders": walking}, when, REPLY_TIMEOUT)
         except ServerError:
             self._asking = False
             if self.agented.exited(wait=1.0) is not None:
                 return False
             raise
         assert self.family is not None
+        if "holders" in answer:
+            self.walks.append(Walk(answer["now"], answer["holders"], answer["census"]))
+            self._walk_after = next_walk(self.elapsed)
         self.family.kept(self.family.processes[0], answer)
         self.family.drain(self.agented.followers, when)
         self._asking = False
@@ -238,7 +253,7 @@ class Session:
         try:
             running = self.agented.process is not None and self.agented.exited() is None
             if running and self.agented.connection is not None and not self._asking:
-                self.drain("at the end of the recording")
+                self.drain("at the end of the recording", last=True)
             elif self.family is not None and not self._asking:
                 self.family.drain(self.agented.followers, "at the end of the recording")
         except ServerError:
@@ -248,6 +263,11 @@ class Session:
 
     def frame(self) -> pd.DataFrame:
         return to_frame(self.rows())
+
+    def holders(self) -> pd.DataFrame:
+        """holders.csv's rows: each walk at the report's sample at or before it."""
+        processes = [] if self.family is None else self.family.processes
+        return holder_rows(self.walks, self.rows(), origin(processes))
 
 class Ticker:
     """Progress: a live line on a terminal, else a line every QUIET_EVERY seconds at most."""
@@ -316,19 +336,22 @@ def thresholds(settings: Settings) -> DetectSpec:
 
 
 def summarize(settings: Settings, frame: pd.DataFrame, ending: Ending, wall_s: float,
-              processes: list[dict[str, Any]], notes: list[str]) -> Summary:
-    """The recording's summary, as `run` writes one: findings and expectations where sampling
-    went as planned, the figures of whatever samples there are."""
+              processes: list[dict[str, Any]], notes: list[str],
+              holders: pd.DataFrame) -> Summary:
+    """The recording's summary, as `run` writes one: findings, with the holders they name, and
+    expectations where sampling went as planned, the figures of whatever samples there are."""
     environment = describe_environment()
     spec, expect = thresholds(settings), expect_spec({})
     served = ending.status == "ok" and not frame.empty
-    findings = detect(frame, spec, environment["backend"]) if served else []
+    findings = (named(detect(frame, spec, environment["backend"]), holders, frame)
+                if served else [])
     values = figures(Samples(frame if served else None, findings, spec, RunFacts(wall_s, 0)))
     expectations = check(expect, findings, values) if served else []
     # Keyword by keyword the type checker would ask for `noise` too, which a summary writes
     # once given, even as null: the optional blocks go in as `summarize` in suite.py passes them.
     optional: dict[str, Any] = {"model": ModelFacts(engine="record", processes=processes,
-                                                    notes=notes)}
+                                                    notes=notes),
+                                "holders": largest(holders, frame) if served else None}
     summary = Summary(
         schema=SCHEMA, scenario=SCENARIO, variant=settings.name,
         description=shlex.join(settings.command), status=ending.status, error=ending.error,
@@ -350,7 +373,9 @@ def finish(settings: Settings, session: Session, ending: Ending, wall_s: float) 
     family = session.family
     facts = [] if family is None else [process.facts() for process in family.processes]
     notes = [] if family is None else family.notes()
-    summary, written = write(summarize(settings, frame, ending, wall_s, facts, notes), frame)
+    holders = session.holders()
+    summary, written = write(summarize(settings, frame, ending, wall_s, facts, notes, holders),
+                             frame, holders=holders)
     if written:
         with contextlib.suppress(OSError):
             os.replace(settings.log, settings.folder / "command.log")
