@@ -391,6 +391,8 @@ def test_a_child_kvmem_cannot_sample_is_named(tmp_path: Path) -> None:
      "--traffic: the command must say where to listen with {port}"),
     (["record", "--traffic", "any.yaml", "--budget", "5MiB", "--", "python", "{port}"],
      "--budget: not with --traffic"),
+    (["record", "--traffic", "any.yaml", "--no-holders", "--", "python", "{port}"],
+     "--no-holders: not with --traffic"),
     (["record", "--logical", "not a path", "--", "python"],
      "--logical: expected module:Class.attribute, got 'not a path'"),
 ])
