@@ -376,9 +376,10 @@ class Agent:
                            skip_threads=self._threads)
             self.take("idle", rest.cyclic, census=rest.census)
         elif op == "rows" and command.get("holders") and "mlx.core" in sys.modules:
-            # A program at work (`kvmem record`): nothing collected, no row at rest taken, and
-            # no MLX imported for it.
-            rest = at_rest(False, True, skip_threads=self._threads)
+            # A program at work (`kvmem record`): nothing collected, no row at rest taken, no
+            # MLX imported for it, and no sample taken while the walk's own memory is held.
+            with self.lock:
+                rest = at_rest(False, True, skip_threads=self._threads)
         elif op == "stop":
             self._stop.set()
         elif op != "rows":
