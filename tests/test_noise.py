@@ -102,7 +102,8 @@ def test_noise_then_baseline_update_then_compare(tmp_path, capsys, monkeypatch):
     files = sorted(p.relative_to(tmp_path / "reports-noise").as_posix()
                    for p in (tmp_path / "reports-noise").rglob("*")
                    if p.is_file() and not p.name.startswith("."))
-    assert files == ["tiny/only/memory.png", "tiny/only/samples.csv", "tiny/only/summary.json"]
+    assert files == ["tiny/only/holders.csv", "tiny/only/memory.png", "tiny/only/samples.csv",
+                     "tiny/only/summary.json"]
     report = json.loads((tmp_path / "reports-noise/tiny/only/summary.json").read_text())
     noise = report["noise"]
     assert (noise["runs"], noise["nondeterministic"], noise["passed"]) == (2, {}, 2)

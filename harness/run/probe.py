@@ -2,7 +2,7 @@
 
 The MLX counters cost well under a microsecond each; what a step pays is the synchronize that
 makes them exact (tens of microseconds, a round trip to MLX's worker thread) and the RSS read.
-Rows go into a numpy structured array (`harness.run.rows`: under 100 bytes a row, in memory or
+Rows go into a numpy structured array (`harness.run.rows`: under 120 bytes a row, in memory or
 spilled to a spool file as they come, so a soak's memory stays flat) and become a DataFrame only
 at the end.
 
@@ -54,7 +54,7 @@ ROW = np.dtype([
     ("tokens", np.int64), ("active", np.int64), ("peak", np.int64), ("cache", np.int64),
     ("rss", np.int64), ("logical", np.int64), ("host", np.int64), ("minimum", np.int64),
     ("work", np.int64), ("cyclic", np.int64), ("time", np.float32), ("cap", np.int64),
-    ("buffers", np.int64), ("arrays", np.int64),
+    ("buffers", np.int32), ("arrays", np.int32),
 ])
 
 

@@ -65,7 +65,8 @@ def block(runs: list[Summary]) -> NoiseBlock:
         "runs": len(runs),
         **{name: _span([m[name] for m in metrics]) for name in noisy()},
         "nondeterministic": {name: _span([m[name] for m in metrics]) for name in exact()
-                             if len({m[name] for m in metrics}) > 1},
+                             if all(m.get(name) is not None for m in metrics)
+                             and len({m[name] for m in metrics}) > 1},
         "passed": sum(run.passed for run in runs),
     })
 
