@@ -410,6 +410,9 @@ def _roots(walk: _Walk, skip_threads: Collection[int], start: types.FrameType | 
                     f"{getattr(code, 'co_qualname', code.co_name)}()/"
             walk.root("frame", label, *_pairs(walk.frame_locals(current)))
             current = current.f_back
+    # The last frame iterated may be this one: bound to a local, it would hold this frame, and
+    # with it the whole walk, in a cycle until the next full collection.
+    frame = None
 
 
 def _cycles(walk: _Walk, garbage: list) -> None:

@@ -123,10 +123,15 @@ class Walk:
     census: dict[str, Any]
 
 
+FIRST_WALKS_AFTER = 8.0  # seconds: after the first walk, none before this
+
+
 def next_walk(elapsed: float) -> float:
-    """The first power of two seconds after `elapsed` (1 s before the first second): the
-    recording walks O(log t) times."""
-    return 2.0 ** (math.floor(math.log2(max(elapsed, 0.5))) + 1)
+    """The first power of two seconds after `elapsed`, FIRST_WALKS_AFTER at the earliest: the
+    recording walks O(log t) times. Each walk leaves a little heap behind the first times
+    (instance dicts it made, a fragmented arena); walks at 1, 2 and 4 s would read as RSS
+    growing over a short recording of a flat command."""
+    return max(FIRST_WALKS_AFTER, 2.0 ** (math.floor(math.log2(max(elapsed, 0.5))) + 1))
 
 
 def holder_rows(walks: list[Walk], rows: np.ndarray, start: float | None) -> pd.DataFrame:
