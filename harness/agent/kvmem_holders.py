@@ -1,15 +1,12 @@
 """Who holds MLX memory: every live MLX array found from the roots a maintainer can open, each
 unique buffer attributed to the shortest path that reaches it, paths grouped by their holder.
+Standalone (the standard library and the process's own MLX): it runs inside a server kvmem
+starts and in kvmem's own variant processes, so a `Group` travels as a plain tuple.
 
-Standalone on purpose (the standard library and the process's own MLX): it runs inside a server
-kvmem starts (imported as `kvmem_holders`) and in kvmem's own variant processes (imported as
-`harness.agent.kvmem_holders`), so a `Group` travels as a plain tuple.
-
-The walk is breadth-first from every root at once: module globals first, then each thread's
-frames, then (when given) the objects unreachable reference cycles hold. It follows gc-tracked
-objects only (an untracked object holds no array), never descends into a module or a function's
-globals, and treats arrays as leaves. It runs at rest, evaluates no array, allocates no MLX memory
-and keeps nothing alive once it returns. See docs/holders.md.
+The walk is breadth-first from every root at once: module globals, each thread's frames, then
+(when given) the objects unreachable reference cycles hold. It follows gc-tracked objects only,
+never enters a module or a function's globals, and treats arrays as leaves. It runs at rest,
+evaluates no array, allocates no MLX memory and keeps nothing alive. See docs/holders.md.
 """
 
 from __future__ import annotations
@@ -32,7 +29,8 @@ else:  # kvmem_holders, beside it on a server's PYTHONPATH
 
 UNROOTED = "(unrooted)"
 # What is not the program's: the interpreter, the standard library and kvmem itself.
-OWN = frozenset({"harness", "kvmem_agent", "kvmem_follow", "kvmem_holders"})
+OWN = frozenset({"harness", "kvmem_agent", "kvmem_follow", "kvmem_holders", "kvmem_rest",
+                 "kvmem_buffers"})
 FOREIGN = frozenset(sys.stdlib_module_names) | {"builtins"} | OWN
 # Objects that hold no array, or none a maintainer could name (descriptors of C types, code).
 SKIP = frozenset({int, float, complex, str, bytes, bool, type(None), range, types.CodeType,
@@ -42,9 +40,7 @@ SKIP = frozenset({int, float, complex, str, bytes, bool, type(None), range, type
 HEAP_TYPE = 1 << 9       # Py_TPFLAGS_HEAPTYPE: a type whose dict can be given attributes
 CO_OPTIMIZED = 1         # a function's frame: its f_locals is a snapshot (before Python 3.13)
 KEY_REPR = 40            # a key's repr in a full path is cut to this many characters
-
-# Edge kinds: how a node was reached from its parent.
-ROOT, ITEM, INDEX, MEMBER, ATTR, LOCAL, REF = range(7)
+ROOT, ITEM, INDEX, MEMBER, ATTR, LOCAL, REF = range(7)  # edge kinds: how a node was reached
 
 
 class Group(NamedTuple):
@@ -131,9 +127,11 @@ class _Walk:
     """One breadth-first walk: node i is `objects[i]`, reached from `parents[i]` by an edge of
     kind `kinds[i]` and key `keys[i]` (a root's key is its label)."""
 
-    def __init__(self, array_type: type, seen: set[int]) -> None:
+    def __init__(self, array_type: type, seen: set[int],
+                 skip_modules: Collection[str] = ()) -> None:
         self.array_type = array_type
         self.seen = seen
+        self.skip_modules = skip_modules
         self.objects: list = []
         self.parents: list[int] = []
         self.kinds: list[int] = []
@@ -198,6 +196,14 @@ class _Walk:
                 referents += _listed(own.values())
         return [(REF, None, referents)]
 
+    def skipped(self, defined: Any) -> bool:
+        """Whether a module is one whose globals are no roots, or a class or function comes
+        from one: what it refers to (attributes, defaults, closure) is not the program's."""
+        module = defined.__name__ if isinstance(defined, types.ModuleType) else \
+            getattr(defined, "__module__", None)
+        skip = self.skip_modules
+        return isinstance(module, str) and (module in skip or module.partition(".")[0] in skip)
+
     def frame_locals(self, frame: types.FrameType) -> Any:
         """A frame's locals. Before Python 3.13 reading `f_locals` of a function's frame stores a
         snapshot dict in the frame, which would keep its values alive: it is emptied after the
@@ -233,12 +239,18 @@ def _mapping(walk: _Walk, obj: dict) -> Batches:
 
 
 def _class(walk: _Walk, obj: type) -> Batches:
-    """A class's own attributes; a C type's dict holds descriptors only."""
-    return [(ATTR, None, _listed(vars(obj).values()))] if obj.__flags__ & HEAP_TYPE else []
+    """A class's own attributes; a C type's dict holds descriptors only, and a class of a
+    skipped module holds none of the program's."""
+    if not obj.__flags__ & HEAP_TYPE or walk.skipped(obj):
+        return []
+    return [(ATTR, None, _listed(vars(obj).values()))]
 
 
 def _function(walk: _Walk, obj: types.FunctionType) -> Batches:
-    """A function's closure (named by its free variables) and defaults, never its globals."""
+    """A function's closure (named by its free variables) and defaults, never its globals,
+    nor anything of a function of a skipped module's."""
+    if walk.skipped(obj):
+        return []
     batch: Batches = [(ATTR, ("__defaults__", "__kwdefaults__"),
                        (obj.__defaults__, obj.__kwdefaults__))]
     if obj.__closure__:
@@ -345,8 +357,7 @@ def _attribute(parent: object, child: object) -> str:
 
 
 def _collapsed(hops: Iterable[str]) -> str:
-    """Hops joined, a run of three or more `[*]` written `[*]...[*]`: a nest of any depth (a
-    prompt trie keyed token by token) is one holder, whatever each entry's depth."""
+    """Hops joined, three `[*]` or more as `[*]...[*]`: a nest of any depth is one holder."""
     return re.sub(r"(?:\[\*\]){3,}", "[*]...[*]", "".join(hops))
 
 
@@ -384,13 +395,13 @@ def _names(walk: _Walk, node: int) -> tuple[str, str, str]:
     return (f"{holder} ({walk.keys[root]})" if kind == "cycle" else holder), path, kind
 
 
-def _roots(walk: _Walk, skip_threads: Collection[int], start: types.FrameType | None,
-           skip_modules: Collection[str] = ()) -> None:
+def _roots(walk: _Walk, skip_threads: Collection[int], start: types.FrameType | None) -> None:
     """Module globals first, then every thread's frames, innermost first (the calling thread's
     from `start`)."""
-    modules = [(name, m) for name, m in _listed(sys.modules.items())
-               if isinstance(m, types.ModuleType) and name not in skip_modules]
-    known = {id(m) for _, m in modules}
+    registered = [(name, m) for name, m in _listed(sys.modules.items())
+                  if isinstance(m, types.ModuleType)]
+    known = {id(m) for _, m in registered}  # a skipped module found in a global stays skipped
+    modules = [(name, m) for name, m in registered if not walk.skipped(m)]
     for name, module in modules:  # grows: submodules not in sys.modules (mlx.core.random)
         keys, values = _pairs(vars(module).items())
         for value in values:
@@ -410,9 +421,7 @@ def _roots(walk: _Walk, skip_threads: Collection[int], start: types.FrameType | 
                     f"{getattr(code, 'co_qualname', code.co_name)}()/"
             walk.root("frame", label, *_pairs(walk.frame_locals(current)))
             current = current.f_back
-    # The last frame iterated may be this one: bound to a local, it would hold this frame, and
-    # with it the whole walk, in a cycle until the next full collection.
-    frame = None
+    frame = None  # the last one iterated may be this frame: a cycle holding the whole walk
 
 
 def _cycles(walk: _Walk, garbage: list) -> None:
@@ -460,17 +469,17 @@ def census(mx: Any, *, garbage: list | None = None, skip_threads: Collection[int
 
     `garbage` (from `kvmem_rest.unreachable()`) adds what only unreachable cycles hold;
     `skip_threads` leaves those threads' frames out; in the calling thread the walk starts at
-    `skip_frame`'s caller (default: this function's caller); the globals of `skip_modules` are
-    no roots (kvmem's own, in a variant's process: most of what a walk would visit there)."""
+    `skip_frame`'s caller (default: this function's caller); the globals of `skip_modules`, and
+    of every module of a package named there, are no roots (kvmem's own, in a variant's
+    process: most of what a walk would visit there)."""
     began = time.perf_counter()
     enabled = gc.isenabled()
     gc.disable()
     seen = {id(vars(m)) for m in list(sys.modules.values()) if isinstance(m, types.ModuleType)}
     seen.add(id(garbage))
-    walk = _Walk(mx.array, seen)
+    walk = _Walk(mx.array, seen, skip_modules)
     try:
-        _roots(walk, skip_threads, skip_frame.f_back if skip_frame else sys._getframe(1),
-               skip_modules)
+        _roots(walk, skip_threads, skip_frame.f_back if skip_frame else sys._getframe(1))
         walk.run()
         if garbage:
             _cycles(walk, garbage)

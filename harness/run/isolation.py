@@ -30,7 +30,6 @@ import contextlib
 import os
 import shutil
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -109,8 +108,7 @@ def _child(variant: Variant, last_step: Any, note: Any, spool: Path, pipe: Conne
     """Runs in the child: estimate, wait for the parent's verdict, serve (rows to `spool`),
     send the outcome; SIGTERM (an interrupt) ends the serving early, what was served kept."""
     signal.signal(signal.SIGTERM, _interrupt)
-    # What the child imported before any of the variant's code: kvmem's, no roots of a walk.
-    probe = Probe(spool=spool, own_modules=frozenset(sys.modules))
+    probe = Probe(spool=spool)  # made before any of the variant's code is imported
 
     def progress(steps: int, said: str | None = None) -> None:
         last_step.value = steps

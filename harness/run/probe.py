@@ -21,6 +21,7 @@ step fails the run naming what replaced it (`CounterReplaced`).
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -77,6 +78,12 @@ def walked(point: int, last: bool = False) -> bool:
     return last or point & (point - 1) == 0
 
 
+def imported() -> frozenset[str]:
+    """The modules imported so far and the packages they belong to."""
+    names = list(sys.modules)
+    return frozenset(names) | {name.partition(".")[0] for name in names}
+
+
 class CounterReplaced(RuntimeError):
     """The code under test replaced a function kvmem reads MLX's memory with; the message
     names which, and with what."""
@@ -92,9 +99,11 @@ class Probe:
     """
 
     def __init__(self, capacity: int = BLOCK, spool: Path | None = None,
-                 own_modules: Collection[str] = ()):
+                 own_modules: Collection[str] | None = None):
         self._rows = Rows(ROW, capacity, spool and spool / SAMPLES_SPOOL)
-        self.own_modules = own_modules  # kvmem's, whose globals a walk takes for no roots
+        # Whose globals a walk takes for no roots: kvmem's, the modules (and their packages)
+        # imported before the probe, which comes before the variant's code (`imported`).
+        self.own_modules = imported() if own_modules is None else own_modules
         self._requests = Rows(REQUEST, BLOCK, spool and spool / REQUESTS_SPOOL)
         self.holders = HolderLog(spool and spool / HOLDERS_SPOOL)
         self._before = 0
