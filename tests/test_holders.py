@@ -162,3 +162,12 @@ def test_the_group_that_grew_most_since_the_base_is_found():
 def test_a_holder_reads_with_its_arrays_and_buffers_where_they_differ(per, shown):
     holder = Holder(holder=STORE, bytes=MiB, arrays=3, buffers=1)
     assert holder.describe(per) == f"{STORE} ({shown}, 3 arrays, 1 buffer)"
+
+
+def test_buffers_piling_up_name_the_group_that_gained_them_with_the_bytes_it_gained():
+    padding = "mlx_lm.models.cache:ArraysCache.left_padding"
+    holders = walked([(0, [group(WEIGHTS, 8 * MiB, 4), group(padding, 0, 4, buffers=5)]),
+                      (9, [group(WEIGHTS, 8 * MiB, 4), group(padding, 0, 4, buffers=2361)])])
+    found = Finding(kind="buffers", step=9, bytes=784, count=1, message="...")
+    (holder,) = held_by(found, holders, rests(0, 9))
+    assert (holder.holder, holder.bytes, holder.arrays, holder.buffers) == (padding, 0, 4, 2361)

@@ -12,7 +12,8 @@ NAMED_AT_MOST):
 - gc_deferred the groups only unreachable cycles hold;
 - retained the groups whose buffers exceed their arrays' own bytes (a slice pinning its whole
   buffer), by that excess;
-- buffers the groups whose buffer count grew from the first point at rest;
+- buffers the groups whose buffer count grew from the first point at rest (with the bytes
+  they gained, next to nothing for a pile of scalars);
 - the others (a budget or a cap breached, aliased, a plateau, a recording's drift) the groups'
   growth from the first point at rest to the last (a recording's first walk to its last).
 """
@@ -52,9 +53,11 @@ def _change(first: pd.DataFrame, last: pd.DataFrame, column: str) -> pd.Series:
     return last[column] - first[column].reindex(last.index, fill_value=0)
 
 
-def _holders(amounts: pd.Series, groups: pd.DataFrame, scale: float = 1.0) -> list[Holder]:
+def _holders(amounts: pd.Series, groups: pd.DataFrame, scale: float = 1.0,
+             held: pd.Series | None = None) -> list[Holder]:
     """The groups with the largest positive `amounts` until they cover COVERED of the total,
-    at most NAMED_AT_MOST; each with its amount (times `scale`) and what it holds in `groups`."""
+    at most NAMED_AT_MOST; each with its amount (times `scale`), or its `held` bytes where the
+    amounts are not bytes, and what it holds in `groups`."""
     positive = amounts[amounts > 0].sort_values(ascending=False, kind="stable")
     total, covered = positive.sum(), 0
     named: list[Holder] = []
@@ -62,8 +65,9 @@ def _holders(amounts: pd.Series, groups: pd.DataFrame, scale: float = 1.0) -> li
         if len(named) == NAMED_AT_MOST or (named and covered >= COVERED * total):
             break
         group = groups.loc[name]
+        figure = float(amount) * scale if held is None else float(held[name])
         named.append(Holder(holder=str(name), root=str(group["root"]),
-                            bytes=round(float(amount) * scale), logical=int(group["logical"]),
+                            bytes=round(figure), logical=int(group["logical"]),
                             arrays=int(group["arrays"]), buffers=int(group["buffers"]),
                             path=str(group["path"])))
         covered += amount
@@ -108,8 +112,9 @@ def held_by(finding: Finding, holders: pd.DataFrame, frame: pd.DataFrame) -> lis
     if finding.kind == "retained":
         return _holders(*_fullest(holders, lambda at: at["bytes"] - at["logical"]))
     first, last = _point(holders, int(holders["step"].iloc[0])), _point(holders, None)
-    if finding.kind == "buffers":
-        return _holders(_change(first, last, "buffers"), last)
+    if finding.kind == "buffers":  # by the buffers each gained; its bytes, what it gained
+        return _holders(_change(first, last, "buffers"), last,
+                        held=_change(first, last, "bytes"))
     if finding.per is not None and finding.steps:
         first, at = _point(holders, finding.steps[0]), _point(holders, finding.steps[-1])
         span = _points_between(frame, int(first["step"].iloc[0]), int(at["step"].iloc[0]))
