@@ -256,3 +256,29 @@ def test_it_runs_standalone_beside_the_agent():
     ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": agent}, check=True)
     assert ran.stdout.strip() == "[16]"
+
+
+def _closing_over(kept: list) -> None:
+    def detach() -> tuple:
+        return detach, kept  # its own closure cell: function, tuple, cell, a cycle
+
+    detach()
+
+
+def test_a_cycle_of_a_function_is_named_where_the_function_is_defined(exact_allocator):
+    """A closure that refers to itself and keeps a list of arrays: no class of the program's
+    on the path, so the cycle's function names it, module and qualified name, for a maintainer
+    to find (vllm-mlx's cache_memory: a `_detach` closure over its `eval_targets`)."""
+    arrays = [mx.ones((64,), dtype=mx.float32)]
+    mx.eval(arrays)
+    _closing_over(arrays)
+    del arrays
+    garbage = unreachable()
+    try:
+        found = census(mx, garbage=garbage)
+        (cycle,) = [g for g in found.groups if g.root == "cycle"]
+        assert cycle.holder == ("(cycle of cell, tuple, function) "
+                                "tests.test_holders_walk:_closing_over.<locals>.detach.kept[*]")
+        assert (cycle.bytes, cycle.arrays) == (256, 1)
+    finally:
+        del garbage

@@ -370,17 +370,19 @@ def _chain(walk: _Walk, node: int) -> list[int]:
 
 
 def _names(walk: _Walk, node: int) -> tuple[str, str, str]:
-    """An array's holder name, its full path and its root kind.
-
-    The name starts at the first object on the path whose class is the program's, follows
-    attribute hops while they stay the program's, and anchors at the last such object before a
-    collection; with none, it starts at the root's label."""
+    """An array's holder name, its full path and its root kind. The name starts at the first
+    object on the path whose class is the program's, follows attribute hops while they stay the
+    program's, and anchors at the last such object before a collection; with none, it starts at
+    the root's label (a cycle's function named where it is defined)."""
     chain = _chain(walk, node)
     root, objects = chain[0], chain[:-1]
     kind, prefix = walk.roots[root]
     label = f"{prefix}{walk.keys[root]}"
     if kind == "cycle":
-        label = f"({label}) <{type(walk.objects[root]).__qualname__}>"
+        first = walk.objects[root]
+        label = f"({label}) " + (f"{first.__module__}:{first.__qualname__}"
+                                 if isinstance(first, types.FunctionType)
+                                 else f"<{type(first).__qualname__}>")
     path = label + "".join(_hop(walk, n, True) for n in chain[1:])
     first = next((i for i, n in enumerate(objects) if not _foreign(type(walk.objects[n]))), None)
     if first is None:
