@@ -171,3 +171,14 @@ def test_buffers_piling_up_name_the_group_that_gained_them_with_the_bytes_it_gai
     found = Finding(kind="buffers", step=9, bytes=784, count=1, message="...")
     (holder,) = held_by(found, holders, rests(0, 9))
     assert (holder.holder, holder.bytes, holder.arrays, holder.buffers) == (padding, 0, 4, 2361)
+
+
+def test_the_summary_names_the_groups_whose_pending_graphs_may_hold_what_is_unreached():
+    trie = "mlx_lm.models.cache:PromptTrie._trie[*]...[*].prompt_cache[*].values"
+    waiting = (trie, f"{trie}#path", "frame", 3 * MiB, 4 * MiB, 12, 20, 5)
+    holders = walked([(0, [group(WEIGHTS, 8 * MiB, 4)]), (7, [group(WEIGHTS, 8 * MiB, 4), waiting])])
+    kept = largest(holders, pd.DataFrame({"step": [0, 7], "active": [8 * MiB, 40 * MiB]}))
+    assert kept is not None and kept.unreached == 29 * MiB
+    (holder,) = kept.pending
+    assert (holder.holder, holder.pending) == (trie, 5)
+    assert holder.describe() == f"{trie} (3 MiB, 12 arrays, 20 buffers, 5 pending)"

@@ -423,7 +423,7 @@ def _roots(walk: _Walk, skip_threads: Collection[int], start: types.FrameType | 
                     f"{getattr(code, 'co_qualname', code.co_name)}()/"
             walk.root("frame", label, *_pairs(walk.frame_locals(current)))
             current = current.f_back
-    frame = None  # the last one iterated may be this frame: a cycle holding the whole walk
+    del frame  # the last one iterated may be this frame: a cycle holding the whole walk
 
 
 def _cycles(walk: _Walk, garbage: list) -> None:

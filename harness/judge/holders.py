@@ -66,12 +66,16 @@ def _holders(amounts: pd.Series, groups: pd.DataFrame, scale: float = 1.0,
             break
         group = groups.loc[name]
         figure = float(amount) * scale if held is None else float(held[name])
-        named.append(Holder(holder=str(name), root=str(group["root"]),
-                            bytes=round(figure), logical=int(group["logical"]),
-                            arrays=int(group["arrays"]), buffers=int(group["buffers"]),
-                            path=str(group["path"])))
+        named.append(_holder(name, group, round(figure)))
         covered += amount
     return named
+
+
+def _holder(name: object, group: pd.Series, held: int) -> Holder:
+    return Holder(holder=str(name), root=str(group["root"]), bytes=held,
+                  logical=int(group["logical"]), arrays=int(group["arrays"]),
+                  buffers=int(group["buffers"]), pending=int(group["pending"]) or None,
+                  path=str(group["path"]))
 
 
 def _points_between(frame: pd.DataFrame, first: int, last: int) -> int:
@@ -130,8 +134,10 @@ def named(findings: list[Finding], holders: pd.DataFrame,
 
 
 def largest(holders: pd.DataFrame, frame: pd.DataFrame) -> HeldAtRest | None:
-    """At the last point at rest walked: its KEPT largest groups and the active bytes there
-    that no walked array accounts for; None where nothing was walked."""
+    """At the last point at rest walked: its KEPT largest groups, the active bytes there that
+    no walked array accounts for, and the groups with the most pending arrays, whose graphs
+    keep buffers alive that MLX does not size without evaluating them (the likeliest holders
+    of those bytes); None where nothing was walked."""
     if holders.empty:
         return None
     at = _point(holders, None)
@@ -139,12 +145,11 @@ def largest(holders: pd.DataFrame, frame: pd.DataFrame) -> HeldAtRest | None:
     active = frame.loc[frame["step"] == step, "active"]
     unreached = int(active.iloc[0]) - int(at["bytes"].sum()) if len(active) else 0
     ordered = at.sort_values("bytes", ascending=False, kind="stable").head(KEPT)
-    groups = [Holder(holder=str(name), root=str(g["root"]), bytes=int(g["bytes"]),
-                     logical=int(g["logical"]), arrays=int(g["arrays"]),
-                     buffers=int(g["buffers"]), path=str(g["path"]))
-              for name, g in ordered.iterrows()]
+    groups = [_holder(name, g, int(g["bytes"])) for name, g in ordered.iterrows()]
+    waiting = at[at["pending"] > 0].sort_values("pending", ascending=False, kind="stable")
+    pending = [_holder(name, g, int(g["bytes"])) for name, g in waiting.head(5).iterrows()]
     walks = holders.drop_duplicates("step")
-    return HeldAtRest(step=step, groups=groups, unreached=unreached,
+    return HeldAtRest(step=step, groups=groups, unreached=unreached, pending=pending,
                       approximate=bool(at["approximate"].any()), walks=len(walks),
                       seconds=round(float(walks["seconds"].sum()), 3),
                       objects=int(at["objects"].iloc[0]))

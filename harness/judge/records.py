@@ -39,6 +39,8 @@ class Holder:
     logical: StrictInt | None = None
     arrays: StrictInt | None = None
     buffers: StrictInt | None = None
+    # Its arrays not evaluated yet, whose graphs keep their inputs' buffers alive.
+    pending: StrictInt | None = Field(default=None, exclude_if=lambda count: count is None)
     path: StrictStr = Field(default="", exclude_if=lambda path: not path)
 
     def figures(self, per: str | None = None) -> str:
@@ -49,6 +51,8 @@ class Holder:
             held.append(f"{self.arrays:,} array{'s' if self.arrays != 1 else ''}")
         if self.buffers is not None and self.buffers != self.arrays:
             held.append(f"{self.buffers:,} buffer{'s' if self.buffers != 1 else ''}")
+        if self.pending:
+            held.append(f"{self.pending:,} pending")
         return ", ".join(held)
 
     def describe(self, per: str | None = None) -> str:
@@ -68,6 +72,8 @@ class HeldAtRest:
     step: StrictInt
     groups: list[Holder] = Field(default_factory=list)
     unreached: StrictInt = 0
+    # The groups with the most pending arrays: whose graphs may hold what is unreached.
+    pending: list[Holder] = Field(default_factory=list, exclude_if=lambda found: not found)
     approximate: StrictBool = Field(default=False, exclude_if=lambda flag: not flag)
     # What the walks cost: how many points were walked, their seconds in all, and the Python
     # objects the last one visited.

@@ -121,6 +121,10 @@ def details(console: Console, summaries: list[Summary]) -> None:
                              if held.approximate else "")
                           + f"; {held.walks} walks, {held.seconds:g} s in all, "
                           f"{held.objects:,} objects the last", highlight=False)
+            for waiting in held.pending[:1]:
+                console.print(f"  {label}: the most pending arrays, whose graphs keep buffers "
+                              f"MLX does not size: {escape(waiting.describe())}",
+                              highlight=False)
         if s.model is not None and s.model.weights is not None:
             console.print(f"  {label}: model {escape(str(s.model.name))} "
                           f"({escape(str(s.model.engine))}, {escape(str(s.model.layers))} layers): "
