@@ -182,3 +182,17 @@ def test_the_summary_names_the_groups_whose_pending_graphs_may_hold_what_is_unre
     (holder,) = kept.pending
     assert (holder.holder, holder.pending) == (trie, 5)
     assert holder.describe() == f"{trie} (3 MiB, 12 arrays, 20 buffers, 5 pending)"
+
+
+def test_bytes_no_walked_array_accounts_for_are_put_first_on_the_pending_groups():
+    """243 MiB retained, 2 KiB of it in evaluated arrays: the group whose pending arrays'
+    graphs keep buffers MLX does not size comes first, then what was found."""
+    trie = "mlx_lm.models.cache:PromptTrie._trie[*]...[*].prompt_cache[*].values"
+    logprobs = "mlx_lm.generate:GenerationBatch.Response.logprobs"
+    waiting = (trie, f"{trie}#path", "frame", 5 * MiB, 5 * MiB, 24, 40, 12)
+    holders = walked([(0, [group(WEIGHTS, 8 * MiB, 4)]),
+                      (9, [group(WEIGHTS, 8 * MiB, 4), waiting,
+                           group(logprobs, 4096, 1, logical=2048)])])
+    found = Finding(kind="retained", step=9, bytes=243 * MiB, count=1, message="...")
+    assert [(h.holder, h.bytes, h.pending) for h in held_by(found, holders, rests(0, 9))] == [
+        (trie, 5 * MiB, 12), (logprobs, 2048, None)]

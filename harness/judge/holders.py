@@ -107,23 +107,38 @@ def held_by(finding: Finding, holders: pd.DataFrame, frame: pd.DataFrame) -> lis
     point (gc_deferred, retained) is named where the walked points see it most; a bound
     breached (judged where the run ends) and a plateau at the last point walked; a rate by
     a group's growth between the walked points around the finding's span over the points at
-    rest between them."""
+    rest between them. Where the groups named cover less than COVERED of the finding's bytes,
+    the groups with the most pending arrays come first (`_unsized`)."""
     if finding.kind not in NAMING or holders.empty:
         return []
     if finding.kind == "gc_deferred":
         cycles, at = _fullest(holders, lambda at: at["bytes"].where(at["root"] == "cycle", 0))
         return _holders(cycles, at)
-    if finding.kind == "retained":
-        return _holders(*_fullest(holders, lambda at: at["bytes"] - at["logical"]))
-    first, last = _point(holders, int(holders["step"].iloc[0])), _point(holders, None)
+    first, at = _point(holders, int(holders["step"].iloc[0])), _point(holders, None)
     if finding.kind == "buffers":  # by the buffers each gained; its bytes, what it gained
-        return _holders(_change(first, last, "buffers"), last,
-                        held=_change(first, last, "bytes"))
-    if finding.per is not None and finding.steps:
+        return _holders(_change(first, at, "buffers"), at, held=_change(first, at, "bytes"))
+    if finding.kind == "retained":
+        waste, at = _fullest(holders, lambda at: at["bytes"] - at["logical"])
+        found = _holders(waste, at)
+    elif finding.per is not None and finding.steps:
         first, at = _point(holders, finding.steps[0]), _point(holders, finding.steps[-1])
         span = _points_between(frame, int(first["step"].iloc[0]), int(at["step"].iloc[0]))
-        return _holders(_change(first, at, "bytes"), at, 1 / span) if span else []
-    return _holders(_change(first, last, "bytes"), last)
+        found = _holders(_change(first, at, "bytes"), at, 1 / span) if span else []
+    else:
+        found = _holders(_change(first, at, "bytes"), at)
+    return _unsized(finding, found, at)
+
+
+def _unsized(finding: Finding, found: list[Holder], at: pd.DataFrame) -> list[Holder]:
+    """`found`, after the groups at `at` with the most pending arrays where `found` covers
+    less than COVERED of the finding's bytes: a pending array's graph keeps its inputs'
+    buffers alive, and MLX does not size them without evaluating them, so bytes no walked
+    array accounts for are likeliest theirs (their own figures are what they hold evaluated)."""
+    if not finding.bytes or sum(h.bytes for h in found) >= COVERED * finding.bytes:
+        return found
+    waiting = at[at["pending"] > 0].sort_values("pending", ascending=False, kind="stable")
+    first = [_holder(name, g, int(g["bytes"])) for name, g in waiting.head(2).iterrows()]
+    return [*first, *(h for h in found if h.holder not in {f.holder for f in first})]
 
 
 def named(findings: list[Finding], holders: pd.DataFrame,
