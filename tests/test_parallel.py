@@ -255,8 +255,8 @@ def test_shards_merged_give_the_unsharded_verdicts(suite, capsys):
     for folder in merged.glob("*/*/"):
         shard_copy = next(suite / f"shard{i}" / folder.relative_to(merged) for i in (1, 2)
                           if (suite / f"shard{i}" / folder.relative_to(merged)).exists())
-        assert sorted(p.name for p in folder.iterdir()) == ["memory.png", "samples.csv",
-                                                            "summary.json"]
+        assert sorted(p.name for p in folder.iterdir()) == ["holders.csv", "memory.png",
+                                                            "samples.csv", "summary.json"]
         assert (folder / "samples.csv").read_bytes() == (shard_copy / "samples.csv").read_bytes()
     for scenario in ("alpha", "beta"):  # redrawn from the merged samples
         assert (merged / scenario / "memory.png").stat().st_size > 0

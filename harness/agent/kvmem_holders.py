@@ -199,9 +199,7 @@ class _Walk:
     def skipped(self, defined: Any) -> bool:
         """Whether a module is one whose globals are no roots, or a class or function comes
         from one: what it refers to (attributes, defaults, closure) is not the program's."""
-        module = defined.__name__ if isinstance(defined, types.ModuleType) else \
-            getattr(defined, "__module__", None)
-        skip = self.skip_modules
+        module, skip = getattr(defined, "__module__", defined.__name__), self.skip_modules
         return isinstance(module, str) and (module in skip or module.partition(".")[0] in skip)
 
     def frame_locals(self, frame: types.FrameType) -> Any:

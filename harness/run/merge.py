@@ -1,7 +1,7 @@
 """`kvmem merge`: join the report folders of sharded runs (`kvmem run --shard i/n`) into one.
 
-Each variant folder (scenario/variant/ with samples.csv, summary.json, memory.png) is copied as
-it is, so the merged reports are the shards' own bytes; only each scenario's overlay plot is
+Each variant folder (scenario/variant/ with samples.csv, summary.json, memory.png, holders.csv)
+is copied as it is, so the merged reports are the shards' own bytes; only each scenario's overlay plot is
 drawn again, from the merged samples, since each shard drew it from its own variants alone.
 A variant found in two inputs is bad input: which copy is right cannot be guessed.
 
