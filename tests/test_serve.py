@@ -198,6 +198,35 @@ class Held:
         return 2
 
 
+class Hoard:
+    """A server's store as the walk finds it: a list of arrays on an instance."""
+
+    def __init__(self) -> None:
+        self.kept: list = []
+
+
+HOARD = Hoard()
+
+
+def test_the_agents_idle_walks_the_holders_when_asked_and_counts_their_buffers() -> None:
+    """An idle command with `holders` answers the groups (plain tuples) and the walk's cost,
+    and its row counts the live buffers and arrays; without it the row says -1."""
+    HOARD.kept = [mx.zeros((256,), dtype=mx.float32) for _ in range(3)]
+    mx.eval(HOARD.kept)
+    agent = kvmem_agent.Agent(60.0, None)
+    try:
+        walked = agent.handle({"op": "idle", "holders": True, "settle": 0.05})
+        (group,) = [g for g in walked["holders"] if g[0] == f"{__name__}:Hoard.kept[*]"]
+        assert group[2:8] == ("global", 3 * 1024, 3 * 1024, 3, 3, 0)
+        assert walked["census"]["objects"] > 0 and not walked["census"]["approximate"]
+        (row,) = walked["rows"]
+        assert row[13] >= 3 and row[14] >= 3  # buffers, arrays: at least the hoard's
+        plain = agent.handle({"op": "idle", "settle": 0.05})
+        assert "holders" not in plain and plain["rows"][0][13:] == (-1, -1)
+    finally:
+        HOARD.kept = []
+
+
 def test_the_agent_tracks_instances_and_answers_commands() -> None:
     tracked = kvmem_agent.Tracked(f"{__name__}:Held.size", "limit")
     kept = [Held(1000, 4096), Held(24, 2048)]
