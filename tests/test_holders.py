@@ -196,3 +196,13 @@ def test_bytes_no_walked_array_accounts_for_are_put_first_on_the_pending_groups(
     found = Finding(kind="retained", step=9, bytes=243 * MiB, count=1, message="...")
     assert [(h.holder, h.bytes, h.pending) for h in held_by(found, holders, rests(0, 9))] == [
         (trie, 5 * MiB, 12), (logprobs, 2048, None)]
+
+
+@pytest.mark.parametrize("name, shown", [
+    ("m:Store.kept[*]", "held by `m:Store.kept[*]` (1 MiB)"),
+    ("m:Store.`x", "held by m:Store.\\`x (1 MiB)"),  # a key from the server's code: as text
+])
+def test_the_comment_shows_a_holder_as_code_unless_its_name_would_break_out(name, shown):
+    from harness.gate.render import _as_code
+
+    assert _as_code(name, f"held by {name} (1 MiB)", "`") == shown
