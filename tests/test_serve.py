@@ -208,7 +208,8 @@ class Hoard:
 HOARD = Hoard()
 
 
-def test_the_agents_idle_walks_the_holders_when_asked_and_counts_their_buffers() -> None:
+def test_the_agents_idle_walks_the_holders_when_asked_and_counts_their_buffers(
+        exact_allocator: None) -> None:
     """An idle command with `holders` answers the groups (plain tuples) and the walk's cost,
     and its row counts the live buffers and arrays; without it the row says -1."""
     HOARD.kept = [mx.zeros((256,), dtype=mx.float32) for _ in range(3)]
