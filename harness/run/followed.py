@@ -23,8 +23,8 @@ import psutil
 
 from .agented import Followers, ServerError
 from .holders_log import HolderLog
+from .holders_log import frame as holders_frame
 from .probe import PHASES, ROW, Sample
-from .suite import holders_frame
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection

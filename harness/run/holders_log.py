@@ -13,7 +13,10 @@ import csv
 import io
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 MAX_GROUPS = 40
 # A group's fields, as harness.agent.kvmem_holders.Group has them (a test holds the two alike).
@@ -83,3 +86,11 @@ def read(path: Path) -> list[HolderRow]:
             except ValueError:
                 continue
     return rows
+
+
+def frame(rows: list[HolderRow]) -> pd.DataFrame:
+    """The rows as holders.csv has them (pandas imported here: a variant's child, which only
+    writes rows, starts without it)."""
+    import pandas as pd
+
+    return pd.DataFrame(rows, columns=list(COLUMNS))

@@ -42,9 +42,9 @@ from ..report import folder as report
 from ..report.console import progress_bars, warn
 from ..report.plots import plot_overlay, series
 from ..scenario import ScenarioSpec, Variant
-from . import holders_log
 from .defaults import DEFAULT_TIMEOUT
 from .environment import environment as describe_environment
+from .holders_log import frame as holders_frame
 from .isolation import INTERRUPTED, RunOutcome, execute
 from .probe import to_frame
 from .schedule import Scheduler, in_parallel, planned_steps
@@ -107,12 +107,6 @@ def requests_frame(requests: Any) -> pd.DataFrame:
         return frame
     frame["status"] = frame.pop("disconnected").map({0: "ok", 1: "disconnected"})
     return frame
-
-
-def holders_frame(rows: list[tuple]) -> pd.DataFrame:
-    """The holders walked at each point at rest (harness.run.holders_log's rows) as holders.csv
-    has them."""
-    return pd.DataFrame(rows, columns=list(holders_log.COLUMNS))
 
 
 def summarize(outcome: RunOutcome, environment: dict[str, Any],
