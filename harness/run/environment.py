@@ -1,4 +1,6 @@
-"""What produced a run's figures: the backend, the versions, the machine, the revision.
+"""What produced a run's figures: the backend, the versions, the machine, the revision, and
+what the gate counts in the yardstick beside the scenario (harness.judge.provenance): the
+runner class, the code that runs before kvmem, the model folder a variant loads by path.
 
 Summaries from different backends are never compared, and summaries from different MLX versions
 are compared with a note, so each summary records this block.
@@ -6,9 +8,16 @@ are compared with a note, so each summary records this block.
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from pathlib import Path
+from typing import Any
+
+import psutil
+
+from ..common.digest import tree_digest
+from .preloaded import preloaded
 
 BACKENDS = ("cpu", "metal", "cuda")  # what `backend` can say
 
@@ -32,6 +41,30 @@ def buffer_limit() -> int | None:
     from ..agent.kvmem_holders import buffer_limit as reported
 
     return reported(mx)
+
+
+def runner() -> dict[str, Any]:
+    """The class of machine that measures (harness.judge.provenance.Runner): two runs of
+    unchanged code on one class give figures the gate compares as like with like."""
+    cpus = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1)
+    return {"backend": backend(), "machine": platform.machine(), "cpus": cpus,
+            "memory_gib": round(psutil.virtual_memory().total / 2**30),
+            "os": platform.system()}
+
+
+def model_folder(path: str | None) -> dict[str, Any] | None:
+    """The digest of the model folder a scenario names by `path` (relative to where kvmem
+    runs), as `environment.model_folder` records it; None for a model kvmem builds itself, and
+    a digest of `unreadable` where the folder cannot be read (the run fails on it anyway)."""
+    if path is None:
+        return None
+    try:
+        digest = tree_digest(Path(path))
+    except OSError as exc:
+        return {"path": path, "sha256": f"unreadable: {exc.strerror or exc}", "files": 0,
+                "bytes": 0}
+    return {"path": path, "sha256": digest.sha256, "files": digest.files, "bytes": digest.bytes}
 
 
 def _revision(folder: Path) -> str | None:
@@ -67,4 +100,6 @@ def environment() -> dict:
         "platform": platform.platform(),
         "git_revision": _revision(Path.cwd()),
         "kvmem": {"version": md.version("kvmem"), "revision": _revision(Path(__file__).parent)},
+        "runner": runner(),
+        "preloaded": preloaded(Path.cwd()),
     }

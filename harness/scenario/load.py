@@ -22,7 +22,7 @@ from ..components.registry import Binding
 from ..components.registry import check as check_components
 from ..models import loading as models
 from . import checks, trace
-from .schema import ScenarioSpec, check_name
+from .schema import AS_DATA, ScenarioSpec, check_name
 
 
 @dataclass(frozen=True)
@@ -84,9 +84,9 @@ def _describe(error: ValidationError) -> str:
     return "; ".join(dict.fromkeys(lines))
 
 
-def _validate(raw: dict) -> ScenarioSpec:
+def _validate(raw: dict, as_data: bool = False) -> ScenarioSpec:
     try:
-        return ScenarioSpec.model_validate(raw)
+        return ScenarioSpec.model_validate(raw, context={AS_DATA: as_data})
     except ValidationError as exc:
         raise ScenarioError(_describe(exc)) from None
 
@@ -214,7 +214,7 @@ def definitions(path: Path, data: bytes | None = None) -> dict[str, ScenarioSpec
     component: what a file asks to measure, read as data (the gate reads the base's and the
     head's files so, and must not run a pull request's code). Bad input raises ScenarioError."""
     try:
-        return {v.name: v.spec for v in _variants(path, _read_yaml(path, data), None)}
+        return {v.name: v.spec for v in _variants(path, _read_yaml(path, data), None, True)}
     except ScenarioError as exc:
         raise ScenarioError(_printable(str(exc))) from None
     except RecursionError:
@@ -234,8 +234,10 @@ def _load(path: Path, variants: list[str] | None) -> list[Variant]:
     return [dataclasses.replace(v, packages=checked.packages) for v in scenarios]
 
 
-def _variants(path: Path, raw: Any, variants: list[str] | None) -> list[Variant]:
-    """The file's variants (or those named), merged into the base and validated."""
+def _variants(path: Path, raw: Any, variants: list[str] | None,
+              as_data: bool = False) -> list[Variant]:
+    """The file's variants (or those named), merged into the base and validated (`as_data`:
+    a model folder is not looked for)."""
     if not isinstance(raw, dict):
         raise ScenarioError(f"{path}: (top level): expected a mapping of scenario fields")
     if "name" not in raw:
@@ -267,7 +269,7 @@ def _variants(path: Path, raw: Any, variants: list[str] | None) -> list[Variant]
         if variants and name not in variants:
             continue
         try:
-            spec = _validate(_merge(raw, override or {}))
+            spec = _validate(_merge(raw, override or {}), as_data)
         except ScenarioError as exc:
             raise ScenarioError(f"{path}: {f'variant {name!r}: ' if override else ''}{exc}") from None
         scenarios.append(Variant(path=path, name=name, spec=_traced(spec, path),

@@ -1,0 +1,72 @@
+"""What a variant was measured with beside its scenario, as a change to the yardstick: the model
+folder a scenario names by path (its files' digest), the runner class, and the code that runs
+before kvmem binds MLX's counters (harness.judge.provenance). The base's side is what its
+committed baseline recorded, so a folder gone from the base's checkout is still judged by its
+bytes; a baseline recorded before these facts were lists nothing.
+
+A model folder is its bytes, not its path: a folder moved with the same bytes (the scenario's
+`model.path` updated) is no change, and the path's own row is dropped; other bytes under the
+same path are a change however the scenario reads.
+"""
+
+from __future__ import annotations
+
+from ..judge.provenance import Preloaded, Provenance
+from ..judge.summary import Summary
+from .compare import Comparison
+from .policy import Change
+
+MODEL_PATH = "scenario model.path"  # the row harness.gate.definition writes for a moved folder
+SHOWN = 12  # hex digits of a digest the comment shows
+
+
+def _digest(sha256: str) -> str:
+    return sha256 if sha256.startswith("unreadable") else f"digest {sha256[:SHOWN]}…"
+
+
+def _preloaded(old: list[Preloaded], new: list[Preloaded]) -> list[tuple[str, str, str, bool]]:
+    """Each entry added, changed or removed: (what, old, new, loosens). Code added or changed
+    before kvmem binds its counters could replace them; one removed runs no more."""
+    before = {(p.kind, p.path): p.sha256 for p in old}
+    after = {(p.kind, p.path): p.sha256 for p in new}
+    rows = []
+    for key in sorted(set(before) | set(after)):
+        if before.get(key) != after.get(key):
+            rows.append((f"{key[0]} {key[1]}",
+                         _digest(before[key]) if key in before else "(none)",
+                         _digest(after[key]) if key in after else "(removed)",
+                         key in after))
+    return rows
+
+
+def differences(base: Provenance, head: Provenance) -> list[tuple[str, str, str, bool]]:
+    """What the head was measured with that its baseline was not: (what, old, new, loosens),
+    for each fact the baseline recorded."""
+    rows = []
+    if base.model_folder is not None and head.model_folder is not None \
+            and base.model_folder.sha256 != head.model_folder.sha256:
+        rows.append((f"model folder {head.model_folder.path}", _digest(base.model_folder.sha256),
+                     _digest(head.model_folder.sha256), True))
+    if base.runner is not None and head.runner is not None and base.runner != head.runner:
+        rows.append(("runner class", str(base.runner), str(head.runner), True))
+    if base.preloaded is not None and head.preloaded is not None:
+        rows += _preloaded(base.preloaded, head.preloaded)
+    return rows
+
+
+def _moved(base: Summary, head: Summary) -> bool:
+    """The same bytes under another path: the base's folder and the head's digest alike."""
+    old, new = base.environment.model_folder, head.environment.model_folder
+    return old is not None and new is not None and old.sha256 == new.sha256
+
+
+def judged(comparison: Comparison, changes: list[Change]) -> list[Change]:
+    """`changes` with what each compared variant's head was measured with beside its scenario
+    listed (each loosens but a removed start-up module), and without the `model.path` row of a
+    folder that moved with its bytes."""
+    moved = {e.label for e in comparison.entries
+             if e.base is not None and e.head is not None and _moved(e.base, e.head)}
+    kept = [c for c in changes if not (c.label in moved and c.what == MODEL_PATH)]
+    return kept + [Change(e.label, *row)
+                   for e in comparison.entries if e.base is not None and e.head is not None
+                   for row in differences(e.base.environment, e.head.environment)]
