@@ -25,7 +25,7 @@ from pathlib import Path, PurePosixPath
 from ..common.units import format_bytes
 from ..judge.metrics import METRICS, noisy
 from ..judge.summary import Summary, SummaryError, summary_from_bytes
-from . import identity
+from . import identity, yardstick
 from .compare import COMPARED, REMOVED, Comparison, Entry, compare
 from .definition import Definitions, differences
 from .policy import ACCEPT_LABEL, Change, policy_changes
@@ -185,6 +185,7 @@ def judge(comparison: Comparison, old: Baselines, new: Baselines, accepted: bool
     identity.still_defined(comparison, defined[1])
     changes = identity.renames(comparison, defined, *flags)
     changes += baseline_changes(old, new, commits) + _measured(comparison, defined)
+    changes = yardstick.judged(comparison, changes)  # model folder, runner, start-up code
     seen = {(c.label, c.what, c.old, c.new) for c in changes}
     changes += [c for c in _yardstick(comparison) if (c.label, c.what, c.old, c.new) not in seen]
     refused = {c.label for c in changes if c.refused}

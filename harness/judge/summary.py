@@ -43,6 +43,7 @@ from ..common.errors import BadInput
 from ..common.units import MAX_SIZE
 from .expect import GatedName, ToleranceSpec
 from .metrics import METRICS, noisy
+from .provenance import Provenance
 from .records import Expectation, Finding, HeldAtRest
 
 SCHEMA = 1
@@ -177,7 +178,7 @@ class NoiseBlock(_Given):
         return self.runs if self.passed is None else self.passed
 
 
-class Environment(_Given):
+class Environment(_Given, Provenance):  # runner, preloaded, model_folder
     """What produced the figures; summaries from different backends are never compared."""
 
     backend: Annotated[StrictStr, Field(min_length=1)]

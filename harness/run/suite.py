@@ -44,6 +44,7 @@ from ..report.plots import plot_overlay, series
 from ..scenario import ScenarioSpec, Variant
 from .defaults import DEFAULT_TIMEOUT
 from .environment import environment as describe_environment
+from .environment import model_folder
 from .holders_log import frame as holders_frame
 from .isolation import INTERRUPTED, RunOutcome, execute
 from .probe import to_frame
@@ -94,7 +95,9 @@ def _environment(environment: dict[str, Any], outcome: RunOutcome) -> Environmen
     own = outcome.model.packages if outcome.model is not None else None
     versions = {} if own is None else {"mlx": own.get("mlx", "?"),
                                        "mlx_lm": own.get("mlx-lm", "not installed")}
+    folder = model_folder(outcome.variant.spec.model.path)  # the bytes a `model.path` names
     return Environment.model_validate({**environment, **versions,
+                                       **({"model_folder": folder} if folder else {}),
                                        "packages": {**outcome.variant.packages, **(own or {})}})
 
 
