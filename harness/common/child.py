@@ -15,6 +15,13 @@ directory off its `sys.path` (and off the new interpreter's own, `PYTHONSAFEPATH
 packages and MLX come from their installation, and only then is the directory put back for the
 user's `module:Class` paths. A repository's own `harness/` or `reference_impl/` is never imported
 in their place, and a component cannot replace MLX before kvmem's probe has bound its counters.
+
+Nothing a child starts outlives it: on Linux kvmem's process is a child subreaper
+(`PR_SET_CHILD_SUBREAPER`), so a process the child left behind comes back to kvmem however it
+detached (its own session, a double fork) rather than to init; elsewhere the child's descendants
+are listed as it ends. Once the child has gone, each of those still alive after `LEFT_GRACE`
+seconds is killed, with its descendants, and named in `Child.survivors`: a process that could
+rewrite what kvmem writes next is gone before kvmem writes it.
 """
 
 from __future__ import annotations
@@ -34,15 +41,23 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import psutil
+
 from .mlx_lm_import import defer_init
 
 CONTEXT = mp.get_context("spawn")  # a fresh interpreter: none of the parent's threads or locks
-_PR_SET_PDEATHSIG = 1
+_PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
+_COMMAND_CHARS = 200  # of a left-behind process's command line, in the variant's failure
+LEFT_GRACE = 0.5  # seconds a process a child left behind has to end of itself (a dying server)
 # kvmem's own packages and the MLX it reads memory with: imported before the working directory is
 # on sys.path, so a repository's packages of the same names never stand in for them.
 FIRST = ("harness", "reference_impl", "mlx.core")
 _INSTALLED = os.path.realpath(Path(__file__).parents[2])  # the folder holding kvmem's packages
 _PATH_LOCK = threading.Lock()
+# The children Child started and has not yet joined: never another's leftovers, as threads run
+# several at once. Held while one starts and while a leftover is looked for.
+_LIVE: set[int] = set()
+_LIVE_LOCK = threading.Lock()
 
 
 def _without_working_directory(path: list[str]) -> list[str]:
@@ -106,6 +121,60 @@ def die_with_parent(parent: int) -> None:
             os._exit(1)
 
 
+def _subreaper() -> bool:
+    """On Linux, have orphans of this process's descendants reparented here, not to init:
+    whether they are."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1) == 0
+    return False
+
+
+def _children() -> set[int]:
+    """The pids of this process's children now."""
+    with contextlib.suppress(psutil.Error):
+        return {child.pid for child in psutil.Process().children()}
+    return set()
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    """The descendants of process `pid` now (none if it has gone)."""
+    with contextlib.suppress(psutil.Error):
+        return psutil.Process(pid).children(recursive=True)
+    return []
+
+
+def _named(process: psutil.Process) -> str:
+    """A process as a failure names it: its pid and command line, on one line and clipped."""
+    try:
+        command = " ".join(" ".join(process.cmdline()).split()) or process.name()
+    except psutil.Error:
+        command = "?"
+    return f"pid {process.pid} ({command[:_COMMAND_CHARS]})"
+
+
+def stop_left_behind(known: set[int], seen: list[psutil.Process]) -> list[str]:
+    """Kill what a child that has ended left alive: this process's children outside `known`
+    (those before it, the other live children) and the child's descendants `seen` as it ended,
+    with their own descendants, once `LEFT_GRACE` seconds have not ended them; each named."""
+    with _LIVE_LOCK:
+        mine = psutil.Process().children()
+        candidates = {p.pid: p for p in mine if p.pid not in known and p.pid not in _LIVE}
+    candidates.update({p.pid: p for p in seen if p.pid not in candidates})
+    if not candidates:
+        return []
+    _, alive = psutil.wait_procs(list(candidates.values()), timeout=LEFT_GRACE)
+    left = {p.pid: p for p in alive}
+    for process in alive:
+        left.update({d.pid: d for d in _descendants(process.pid)})
+    named = [_named(process) for process in sorted(left.values(), key=lambda p: p.pid)]
+    for process in left.values():
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(list(left.values()), timeout=5)  # reaps those reparented here
+    return named
+
+
 def _run(parent: int, target: Callable[..., object], args: tuple, pipe: Connection,
          path: list[str], safe: str | None) -> None:
     """The child's entry: deaf to Ctrl-C and bound to its parent before anything else runs,
@@ -132,7 +201,8 @@ class Child:
 
     `pipe` is the child's end of a two-way pipe, `self.pipe` the parent's. Leaving the block
     normally gives the child `grace` seconds to exit; leaving it by an exception (an interrupt)
-    gives it none; either way a child still alive is then killed, and joined.
+    gives it none; either way a child still alive is then killed, and joined, and whatever
+    it started that is still alive is killed too and named in `survivors` (module docstring).
     """
 
     def __init__(self, target: Callable[..., object], *args: Any, grace: float,
@@ -142,6 +212,9 @@ class Child:
             target=_run, args=(os.getpid(), target, args, self._end, *_settings()), name=name,
             daemon=True)
         self.grace = grace
+        self.survivors: list[str] = []
+        self._known: set[int] = set()
+        self._reaping = False
 
     def __enter__(self) -> Child:
         try:
@@ -149,9 +222,12 @@ class Child:
             # SIGINT when it has: start it before blocking, so the block holds for the child.
             resource_tracker.ensure_running()
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            self._reaping = _subreaper()
             try:
-                with kvmem_first():
+                with kvmem_first(), _LIVE_LOCK:
+                    self._known = _children()
                     self.process.start()
+                    _LIVE.add(self.process.pid or 0)
             finally:  # a Ctrl-C that came meanwhile reaches the parent now
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         except BaseException:
@@ -166,6 +242,8 @@ class Child:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> None:
+        # Where orphans do not come back here, the child's descendants while it may still live.
+        seen = [] if self._reaping else _descendants(self.process.pid or 0)
         try:
             if kind is None:
                 self.process.join(timeout=self.grace)
@@ -173,7 +251,12 @@ class Child:
             if self.process.is_alive():
                 self.process.kill()
             self.process.join()
-            self.pipe.close()
+            with _LIVE_LOCK:
+                _LIVE.discard(self.process.pid or 0)
+            try:
+                self.survivors = stop_left_behind(self._known, seen)
+            finally:
+                self.pipe.close()
 
     def receive(self, timeout: float) -> Any:
         """The child's next message (never None), or None while the child is alive and has

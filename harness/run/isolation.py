@@ -13,6 +13,13 @@ The child writes its rows as they come to spool files in a folder the parent mad
 still leaves what it sampled; the parent reads them when the child ends and removes the folder.
 On Linux the child also dies with its parent (`harness.common.child`).
 
+What the child sends ends its run: the parent reads the spool files, and its caller writes the
+report, only once the child has been joined and every process it started has gone
+(`Child.survivors`); a process still alive then is killed and fails the variant, named, so none
+can rewrite a report after kvmem wrote it. In the child the probe is guarded before any of the
+variant's code is imported (`Probe.guard`): a reset of MLX's peak by that code is counted and
+lowers no step's peak, and a rebinding of the probe's counters fails the run.
+
 An interrupt (`stop`) ends a child as a soak's end would, only sooner: the parent sends it
 SIGTERM, which stops its engine where it stands; the child stops what it started (a server and
 its folder) and says so, and the parent reads what was spooled: an `interrupted` run, with its
@@ -73,6 +80,7 @@ class RunOutcome:
     requests: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=REQUEST))
     # The holders walked at each point at rest (harness.run.holders_log's rows).
     holders: list[tuple] = field(default_factory=list)
+    resets: int = 0  # the measured code's calls of mx.reset_peak_memory (PeakMark)
 
 
 def estimate_bytes(spec: ScenarioSpec) -> int:
@@ -109,6 +117,7 @@ def _child(variant: Variant, last_step: Any, note: Any, spool: Path, pipe: Conne
     send the outcome; SIGTERM (an interrupt) ends the serving early, what was served kept."""
     signal.signal(signal.SIGTERM, _interrupt)
     probe = Probe(spool=spool)  # made before any of the variant's code is imported
+    sealed = probe.guard()  # kept here, where the variant's code does not look
 
     def progress(steps: int, said: str | None = None) -> None:
         last_step.value = steps
@@ -143,8 +152,11 @@ def _child(variant: Variant, last_step: Any, note: Any, spool: Path, pipe: Conne
             except BaseException as exc:
                 message["error"] = message["error"] or f"{type(exc).__name__} on close: {exc}"
                 message["completed"] = False
+    rebound = sealed()
+    if rebound is not None and message["error"] is None:
+        message.update(error=rebound, completed=False)
     probe.close()
-    message["spooled"] = True
+    message.update(spooled=True, resets=probe.resets)
     pipe.send(message)
     pipe.close()
     if message["error"] is not None:
@@ -184,8 +196,18 @@ def execute(variant: Variant, on_step: Callable[[int, str], None] | None = None,
         sweep()  # a killed child's own folders (a server's), once it has gone
     outcome = _outcome(variant, message or {}, ended, child.process.exitcode, last_step.value,
                        wall, rows, requests)
-    outcome.holders = holders
+    outcome.holders, outcome.resets = holders, (message or {}).get("resets", 0)
+    if child.survivors and outcome.status != "refused":
+        left = left_behind(child.survivors)
+        earlier = outcome.error if outcome.status == "failed" else None
+        outcome.status, outcome.error = "failed", left if earlier is None else f"{earlier}\n{left}"
     return outcome
+
+
+def left_behind(survivors: list[str]) -> str:
+    """The failure of a variant whose process left others running after it ended."""
+    return (f"the variant's process left {len(survivors)} process(es) running after it ended, "
+            f"killed by kvmem: {'; '.join(survivors)}")
 
 
 def _watch(child: Child, timeout: float, admit: Callable[[int], str | None],

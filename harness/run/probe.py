@@ -17,13 +17,20 @@ MLX's functions are bound when this module is imported, which in a variant's pro
 any component (`harness.run.isolation` imports it as the child starts), and read through those
 references: a component that replaces `mx.get_active_memory` changes no reading, and the next
 step fails the run naming what replaced it (`CounterReplaced`).
+
+In a variant's process `Probe.guard` goes further before the variant's code is imported: a call
+of `mx.reset_peak_memory` by that code first folds the peak so far into kvmem's own mark for the
+step (`PeakMark`, counted in `resets`), so no reset lowers a spike; and the probe's bindings are
+sealed (`harness.run.seal`), so code that rebinds one (`BOUND.active`, a method of the probe,
+`Rows.append`) fails the run at the next step's end, or before the run is accepted.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,12 +42,13 @@ from ..agent.kvmem_agent import COUNTERS, PHASES, Counters, Sample, current_rss
 from ..agent.kvmem_rest import Rest, at_rest
 from .holders_log import HOLDERS_SPOOL, HolderLog
 from .rows import BLOCK, Rows
+from .seal import seal
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["PHASES", "REQUEST", "ROW", "CounterReplaced", "NullProbe", "Probe", "Sample",
-           "current_rss", "to_frame", "walked"]
+__all__ = ["PHASES", "REQUEST", "ROW", "CounterReplaced", "NullProbe", "PeakMark", "Probe",
+           "Sample", "current_rss", "to_frame", "walked"]
 
 BOUND = Counters(mx, (*COUNTERS, "synchronize"))
 _synchronize = BOUND.bound["synchronize"]
@@ -89,11 +97,37 @@ class CounterReplaced(RuntimeError):
     names which, and with what."""
 
 
+class PeakMark:
+    """kvmem's high-water mark of MLX's peak within a step, kept across the measured code's
+    resets.
+
+    `mx.reset_peak_memory` sets MLX's peak to zero, so code that calls it mid-step (mlx-lm's
+    `stream_generate` does in some releases, so it cannot be forbidden) would erase a spike it
+    had freed. Put in its place (`Probe.guard`), a reset first waits for the queued work (the
+    default stream and the probe's watched ones), folds the peak so far into `mark` and counts
+    itself in `resets`, then resets MLX's counter.
+    """
+
+    def __init__(self, streams: list[mx.Stream | mx.ThreadLocalStream]) -> None:
+        self._streams = streams
+        self.mark = 0
+        self.resets = 0
+
+    def __call__(self) -> None:
+        for stream in self._streams:
+            _synchronize(stream)
+        _synchronize()
+        self.mark = max(self.mark, BOUND.peak())
+        self.resets += 1
+        BOUND.reset_peak()
+
+
 class Probe:
     """Brackets each step: `begin()` before the work, `end(...)` after it.
 
-    The step peak is max(peak since reset, active before, active after), because
-    `reset_peak_memory` sets the counter to zero rather than to the active bytes.
+    The step peak is max(peak since reset, the mark of resets the measured code made,
+    active before, active after), because `reset_peak_memory` sets the counter to zero rather
+    than to the active bytes.
     `end` synchronizes the default stream and every stream given to `watch` (a real model's
     generation stream, where work is still queued when a decode step yields its token).
     """
@@ -108,7 +142,41 @@ class Probe:
         self.holders = HolderLog(spool and spool / HOLDERS_SPOOL)
         self._before = 0
         self._streams: list[mx.Stream | mx.ThreadLocalStream] = []
+        self._mark = PeakMark(self._streams)
+        self._sealed: Callable[[], str | None] | None = None
         self._start = time.perf_counter()
+
+    def guard(self) -> Callable[[], str | None]:
+        """In a variant's process, before its code is imported: put the step's high-water mark
+        in place of `mx.reset_peak_memory` (where the probe's counters now expect it) and seal
+        the probe's bindings. `verify` checks the seal at each step; the check is returned too,
+        for the caller to keep where the measured code does not look."""
+        BOUND.mx.reset_peak_memory = self._mark
+        BOUND.bound["reset_peak_memory"] = self._mark
+        self._sealed = seal(self._bindings())
+        return self._sealed
+
+    def _bindings(self) -> dict[str, Callable[[], Any]]:
+        """Each binding a reading goes through, by name, with a function reading it now."""
+        module, counters, own = vars(sys.modules[__name__]), vars(BOUND), vars(self)
+        readers = {f"{__name__}.{name}": partial(module.__getitem__, name)
+                   for name in ("BOUND", "_synchronize", "current_rss")}
+        readers |= {f"BOUND.{name}": partial(counters.__getitem__, name) for name in counters}
+        readers |= {f"BOUND.bound[{name!r}]": partial(BOUND.bound.__getitem__, name)
+                    for name in BOUND.bound}
+        for kind in {Probe, PeakMark, Rows, Counters, type(self)}:
+            space = vars(kind)
+            readers |= {f"{kind.__qualname__}.{name}": partial(space.__getitem__, name)
+                        for name, value in space.items()
+                        if callable(value) or isinstance(value, property)}
+        readers |= {f"the probe's {name}": partial(own.__getitem__, name)
+                    for name in ("_rows", "_requests", "holders", "_mark", "_streams")}
+        return readers
+
+    @property
+    def resets(self) -> int:
+        """How many times the measured code reset MLX's peak (counted once `guard`ed)."""
+        return self._mark.resets
 
     def watch(self, stream: mx.Stream | mx.ThreadLocalStream) -> None:
         """Synchronize `stream` too before each reading."""
@@ -118,6 +186,7 @@ class Probe:
         # The previous step ended synchronized and only Python ran since (frees are immediate),
         # so active is exact here without a second synchronize, which costs ~10 us on CPU.
         self._before = BOUND.active()
+        self._mark.mark = 0
         BOUND.reset_peak()
 
     def end(self, *, phase: str, request: int, turn: int, tokens: int, logical: int, host: int,
@@ -128,7 +197,7 @@ class Probe:
             _synchronize(stream)
         _synchronize()
         active = BOUND.active()
-        peak = max(BOUND.peak(), self._before, active)
+        peak = max(BOUND.peak(), self._mark.mark, self._before, active)
         self.add(Sample(time=time.perf_counter() - self._start, phase=phase, request=request,
                         turn=turn, tokens=tokens, active=active, peak=peak,
                         cache=BOUND.cache(), rss=current_rss(), logical=logical,
@@ -148,8 +217,9 @@ class Probe:
 
     def verify(self) -> None:
         """Raise CounterReplaced if the code under test has replaced one of MLX's functions
-        this probe reads (a check of a few identities, at each step and at the end)."""
-        problem = BOUND.replaced("the variant's process")
+        this probe reads, or rebound one of the probe's own once `guard`ed (a check of a few
+        identities, at each step and at the end)."""
+        problem = (self._sealed and self._sealed()) or BOUND.replaced("the variant's process")
         if problem:
             raise CounterReplaced(problem)
 
