@@ -20,6 +20,7 @@ from harness.common.digest import tree_digest
 from harness.run import preloaded as start_up
 from tests import test_gate_pr as scratch
 from tests.test_gate_pr import cli, commit, gate, git
+from tests.test_init import SPEC
 from tests.test_model_engine import tiny_llama_folder
 
 branch = scratch.branch  # a pull request's branch of this module's `recorded` repository
@@ -205,6 +206,49 @@ def test_changed_start_up_code_needs_the_acceptance_and_removed_tightens(branch)
                             "needs acceptance")
     assert found["pth site-packages/old.pth"] == ("digest 121212121212…", "(removed)",
                                                   "tightens")
+
+
+@pytest.fixture(scope="module")
+def adopted(tmp_path_factory) -> Path:
+    """A repository made by `kvmem init`, its starter run and recorded on its main branch."""
+    root = tmp_path_factory.mktemp("adopter")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)
+        git("init", "-q", "-b", "main")
+        git("config", "user.name", "Maintainer")
+        git("config", "user.email", "maintainer@example.org")
+        assert cli("init", "--install", SPEC) == 0
+        Path(".gitignore").write_text("reports*/\nkvmem-gate/\n")
+        assert cli("run", "scenarios", "--out", "reports-main", "--jobs", "2") == 0
+        assert cli("baseline", "update", "--reason", "first record", "--from",
+                   "reports-main") == 0
+        commit("kvmem init, its starter recorded")
+    return root
+
+
+def test_an_adopters_own_mlx_lm_package_needs_the_acceptance(adopted, tmp_path, monkeypatch):
+    """In a repository that adopted kvmem, a root `mlx_lm/` (which every measuring child would
+    import) is listed with its files' digest, as the head's runs record it."""
+    repo = tmp_path / "repo"
+    shutil.copytree(adopted, repo)
+    monkeypatch.chdir(repo)
+    git("checkout", "-q", "-b", "pr")
+    Path("mlx_lm").mkdir()
+    Path("mlx_lm/__init__.py").write_text("from mlx.core import *\n")
+    commit("ship our own mlx_lm")
+    listed = [e for e in start_up.preloaded(repo) if e["kind"] == "shadow"]
+    assert listed == [{"kind": "shadow", "path": "./mlx_lm",
+                       "sha256": tree_digest(repo / "mlx_lm").sha256}]
+
+    def shadowed(environment: dict) -> None:
+        environment["preloaded"] += listed
+
+    head = head_reports(shadowed)
+    code, _, result = gate("--from", head)
+    assert code == 1
+    assert {what for what, (_, _, status) in changes(result).items()
+            if status == "needs acceptance"} == {"shadow ./mlx_lm"}
+    assert gate("--from", head, "--accept")[0] == 0
 
 
 def test_the_start_up_code_is_found_where_python_finds_it(tmp_path, monkeypatch):
