@@ -264,6 +264,7 @@ class Summary(_Given):
     error: StrictStr | None = None
     exit_status: StrictInt | None = None
     last_step: StrictInt | None = None
+    peak_resets: StrictInt | None = None  # the measured code's resets of MLX's peak, if any
     metrics: dict[str, Figure]
     findings: list[Finding] = Field(default_factory=list)
     expectations: list[Expectation] = Field(default_factory=list)

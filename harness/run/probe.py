@@ -101,11 +101,11 @@ class PeakMark:
     """kvmem's high-water mark of MLX's peak within a step, kept across the measured code's
     resets.
 
-    `mx.reset_peak_memory` sets MLX's peak to zero, so code that calls it mid-step (mlx-lm's
-    `stream_generate` does in some releases, so it cannot be forbidden) would erase a spike it
-    had freed. Put in its place (`Probe.guard`), a reset first waits for the queued work (the
-    default stream and the probe's watched ones), folds the peak so far into `mark` and counts
-    itself in `resets`, then resets MLX's counter.
+    `mx.reset_peak_memory` sets MLX's peak to zero, so code that calls it mid-step (code that
+    measures itself does, so it cannot be forbidden) would erase a spike it had freed. Put in
+    its place (`Probe.guard`), a reset first waits for the queued work (the default stream and
+    the probe's watched ones), folds the peak so far into `mark` and counts itself in
+    `resets`, then resets MLX's counter.
     """
 
     def __init__(self, streams: list[mx.Stream | mx.ThreadLocalStream]) -> None:
@@ -159,8 +159,9 @@ class Probe:
     def _bindings(self) -> dict[str, Callable[[], Any]]:
         """Each binding a reading goes through, by name, with a function reading it now."""
         module, counters, own = vars(sys.modules[__name__]), vars(BOUND), vars(self)
-        readers = {f"{__name__}.{name}": partial(module.__getitem__, name)
-                   for name in ("BOUND", "_synchronize", "current_rss")}
+        readers: dict[str, Callable[[], Any]] = {
+            f"{__name__}.{name}": partial(module.__getitem__, name)
+            for name in ("BOUND", "_synchronize", "current_rss")}
         readers |= {f"BOUND.{name}": partial(counters.__getitem__, name) for name in counters}
         readers |= {f"BOUND.bound[{name!r}]": partial(BOUND.bound.__getitem__, name)
                     for name in BOUND.bound}

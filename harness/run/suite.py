@@ -129,7 +129,8 @@ def summarize(outcome: RunOutcome, environment: dict[str, Any],
                              RunFacts(outcome.wall_s, outcome.estimate, weights)))
     expectations = check(spec.expect, findings, values) if served else []
     findings = graded(findings, spec.expect)
-    optional: dict[str, Any] = {"store_stats": outcome.store_stats, "model": outcome.model,
+    optional: dict[str, Any] = {"peak_resets": outcome.resets or None,
+                                "store_stats": outcome.store_stats, "model": outcome.model,
                                 "holders": largest(holders, frame) if served else None}
     summary = Summary(
         schema=SCHEMA, scenario=spec.name, variant=outcome.variant.name,
@@ -255,6 +256,10 @@ def _admit(scheduler: Scheduler, progress: Progress, task: TaskID, index: int, l
 def _finish_bar(progress: Progress, task: TaskID, label: str, outcome: RunOutcome) -> None:
     progress.start_task(task)  # a child that ended before its admission never started it
     progress.update(task, completed=outcome.last_step, description=f"{label} [{outcome.status}]")
+    if outcome.resets:
+        progress.console.print(f"{label}: note: the measured code reset MLX's peak "
+                               f"{outcome.resets} times; the step peaks are kvmem's own mark",
+                               highlight=False, markup=False)
     if outcome.status == "ok":
         # The plan is an estimate (prefix hits skip steps, re-prefills add some): a finished
         # run's bar ends full at the steps it took.
