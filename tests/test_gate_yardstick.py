@@ -276,6 +276,21 @@ def test_the_start_up_code_is_found_where_python_finds_it(tmp_path, monkeypatch)
     assert not [e for e in start_up.preloaded(start_up.KVMEM.parent) if e["kind"] == "shadow"]
 
 
+def test_a_sitecustomize_that_hides_itself_is_still_found(tmp_path, monkeypatch):
+    """Out of `sys.modules`, its folder out of `sys.path`: the `.pth` file that put it there
+    still names it."""
+    site_packages = tmp_path / "site-packages"
+    (site_packages / "hidden").mkdir(parents=True)
+    (site_packages / "hidden" / "sitecustomize.py").write_text("import sys\n")
+    (site_packages / "project.pth").write_text("hidden\n")
+    monkeypatch.setattr(start_up, "_site_folders", lambda: [site_packages])
+    monkeypatch.delitem(sys.modules, "sitecustomize", raising=False)
+    monkeypatch.delitem(sys.modules, "usercustomize", raising=False)
+    monkeypatch.setattr(sys, "path", sys.path[:1])  # none of this machine's own
+    assert [(e["kind"], e["path"]) for e in start_up.preloaded(tmp_path / "repo")] == [
+        ("sitecustomize", "site-packages/hidden/sitecustomize.py")]
+
+
 def test_a_folder_digest_is_its_bytes_not_its_path(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     for folder in (one, two):

@@ -51,15 +51,40 @@ def _named(path: Path, top: Path) -> str:
     return resolved.as_posix()
 
 
+def _pth_files() -> list[tuple[Path, list[str]]]:
+    """Each `.pth` file of site-packages with its lines (one unreadable is left out: Python
+    skips it too)."""
+    found = []
+    for folder in _site_folders():
+        for path in sorted(folder.glob("*.pth")):
+            try:
+                found.append((path, path.read_text(encoding="utf-8",
+                                                   errors="replace").splitlines()))
+            except OSError:
+                continue
+    return found
+
+
+def _executes(line: str) -> bool:
+    return line.startswith(("import ", "import\t"))  # what `site` executes
+
+
+def _pth_folders() -> list[str]:
+    """The folders `.pth` files add to the path (a start-up module may have taken its own out
+    of `sys.path`)."""
+    return [str(path.parent / line.strip()) for path, lines in _pth_files() for line in lines
+            if line.strip() and not line.startswith("#") and not _executes(line)]
+
+
 def _customizers() -> list[tuple[str, Path]]:
     """Each start-up module Python imported (or would find, where the module took itself out
-    of `sys.modules`), by the file it came from."""
+    of `sys.modules` or its folder out of `sys.path`), by the file it came from."""
     found = []
     for name in ("sitecustomize", "usercustomize"):
         module = sys.modules.get(name)
         file = getattr(module, "__file__", None) if module is not None else None
         if file is None:
-            spec = importlib.machinery.PathFinder.find_spec(name, sys.path[1:])
+            spec = importlib.machinery.PathFinder.find_spec(name, sys.path[1:] + _pth_folders())
             file = spec.origin if spec is not None and spec.has_location else None
         if file is not None and Path(file).is_file() and Path(file).resolve() != AGENT:
             found.append((name, Path(file)))
@@ -69,16 +94,7 @@ def _customizers() -> list[tuple[str, Path]]:
 def _executing_pth() -> list[Path]:
     """The `.pth` files of site-packages with a line Python executes (one starting with
     `import`, followed by a space or a tab)."""
-    found = []
-    for folder in _site_folders():
-        for path in sorted(folder.glob("*.pth")):
-            try:
-                lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-            except OSError:
-                continue
-            if any(line.startswith(("import ", "import\t")) for line in lines):
-                found.append(path)
-    return found
+    return [path for path, lines in _pth_files() if any(_executes(line) for line in lines)]
 
 
 def _shadows(top: Path) -> list[Path]:
