@@ -174,7 +174,7 @@ def test_the_workflows_are_least_privilege_pinned_and_honour_the_gates_exit(repo
     # gives the verdict (tests/test_workflows.py walks both).
     pr, judge = workflow(repo, "kvmem-pr.yml"), workflow(repo, "kvmem-comment.yml")
     assert [s["run"] for s in steps(pr) if "run" in s] == [
-        'python -m pip install --quiet "$KVMEM_INSTALL"', "kvmem run scenarios --out reports"]
+        'python -m pip install --quiet "$KVMEM_INSTALL"', "kvmem run scenarios --out reports --gated"]
     assert judge["on"]["workflow_run"]["workflows"] == [pr["name"]]
     assert judge["env"]["CONTEXT"] == CONTEXT
 

@@ -324,7 +324,7 @@ def test_this_repositorys_check_measures_in_shards_and_judges_with_the_default_b
     assert list(measure["jobs"]) == ["run"]
     assert_sharded(measure, "run", "memory-reports-shard", judge, "judge")
     run = next(s for s in steps(measure, "run") if SHARD_FLAG in s.get("run", ""))
-    assert run["run"] == f"python -m harness run scenarios {SHARD_FLAG} --out reports"
+    assert run["run"] == f"python -m harness run scenarios {SHARD_FLAG} --out reports --gated"
     # The default branch, where workflow_run runs: no `ref`.
     own = next(c for c in using(judge, "actions/checkout", "judge") if c["with"]["path"] == "judge")
     assert own["with"] == {"path": "judge", "persist-credentials": False}

@@ -68,7 +68,8 @@ def _suite(args: argparse.Namespace, console: Console) -> list[Summary]:
             raise BadInput(f"--runs {runs} measures by running the suite; it cannot be "
                            "combined with --from (record `kvmem noise` reports instead)")
         return options.summaries([args.source])
-    variants = options.variants(args.paths or [str(options.DEFAULT_SCENARIOS)], console=console)
+    variants = options.as_gated(options.variants(args.paths or [str(options.DEFAULT_SCENARIOS)],
+                                              console=console))
     from ..run import repeat
     from ..run.suite import run_variants
 
@@ -133,7 +134,9 @@ def pull_request(args: argparse.Namespace, console: Console) -> int:
     backend = args.backend or _this_backend()
     head, crashed = _head_runs(args, paths)
     on = [s for s in head if s.backend == backend]
-    notes: list[str] = []
+    ordered = sorted({s.scenario for s in on if s.model and s.model.ordered})
+    notes = [f"{name}: open-loop traffic gated as an ordered replay, arrival times ignored "
+             "(workload.http.gate)" for name in ordered]
     base = pr.parse_baselines(git.read_folder(sha, top, folder), f"{args.base}:{folder}")
     defined = (_base_definitions(base, sha, top, notes), _head_definitions(paths, head, top, notes))
     covered = [PurePosixPath(os.path.normpath(os.path.relpath(p))) for p in paths]
@@ -170,7 +173,7 @@ def _head_runs(args: argparse.Namespace, paths: list[str]) -> tuple[list[Summary
     try:
         if args.source:
             return options.summaries([args.source]), None
-        variants = options.variants(paths, console=errors)
+        variants = options.as_gated(options.variants(paths, console=errors))
     except BadInput as exc:
         if args.source:
             raise

@@ -90,6 +90,20 @@ def soaked(variants: list[Variant], duration: float | None, fail_fast: bool) -> 
     return changed
 
 
+def as_gated(variants: list[Variant]) -> list[Variant]:
+    """The variants as the gate measures them: open-loop traffic replayed in order, arrival
+    times ignored, where the scenario's `workload.http.gate` says so (HttpSpec.gated)."""
+    changed = []
+    for variant in variants:
+        http = variant.spec.workload.http
+        if http is not None and http.gated() is not http:
+            workload = variant.spec.workload.model_copy(update={"http": http.gated()})
+            variant = dataclasses.replace(
+                variant, spec=variant.spec.model_copy(update={"workload": workload}))
+        changed.append(variant)
+    return changed
+
+
 def duration(text: str) -> float:
     try:
         return parse_duration(text)

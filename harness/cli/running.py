@@ -18,6 +18,8 @@ from . import options
 def run(args: argparse.Namespace, console: Console) -> int:
     variants = options.soaked(options.variants(args.paths, args.variant, console),
                               args.duration, args.fail_fast)
+    if args.gated:
+        variants = options.as_gated(variants)
     from ..run.schedule import shard
     from ..run.suite import Interrupted, run_variants
 
@@ -101,6 +103,10 @@ def add(sub: argparse._SubParsersAction) -> None:
                          help="end a server variant's traffic at its first sample at rest over "
                               "its budget (detect.unbounded.budget, else the cache's own cap), "
                               "its report written")
+    running.add_argument("--gated", action="store_true",
+                         help="run open-loop traffic as the gate measures it: replayed in "
+                              "order, arrival times ignored (workload.http.gate), for "
+                              "reports that `gate pr --from` and `baseline` read")
     options.jobs_option(running, auto=True)
     running.add_argument("--shard", type=options.shard, metavar="I/N",
                          help="run only the I-th of N deterministic parts of the suite's "

@@ -129,7 +129,7 @@ class ServerEngine:
         assert http is not None
         clients = max([phase.clients or http.clients for phase in http.phases or []
                        if not isinstance(phase, Idle)] or [http.clients])
-        if http.rate is not None or http.trace is not None:
+        if http.open_loop:
             clients = max(clients, OPEN_LOOP_CLIENTS // 4)  # a queue in flight, bounded
         model = served(spec)
         kv = model.geometry.minimum_bytes(traffic.longest_context(http))
@@ -475,9 +475,9 @@ class ServerEngine:
                           layers=len(self.geometry.layers), weights=self.weights,
                           folder=self.model.name, ready_s=round(self._ready_s, 3),
                           requests=self._served, disconnects=self._disconnects,
-                          rss_outside_gap=self._rss_gap, packages=self.packages,
-                          latency=traffic.latency(self.probe.requests()), queued=self._queued,
-                          stopped=self._ended_early, agent_s=round(self._agent_s, 6))
+                          rss_outside_gap=self._rss_gap, packages=self.packages, queued=self._queued,
+                          latency=traffic.latency(self.probe.requests()), stopped=self._ended_early,
+                          ordered=self.http.arrivals == "ordered" or None, agent_s=round(self._agent_s, 6))
 
     def store_stats(self) -> dict[str, int | float] | None:
         """The logical size the agent read (`server.logical`) at the last sample."""

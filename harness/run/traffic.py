@@ -102,8 +102,10 @@ def lines(http: HttpSpec) -> list[trace.Line] | None:
 
 
 def open_loop(http: HttpSpec, replayed: list[trace.Line] | None) -> bool:
-    """Requests arrive on a schedule, not in rounds: a rate, or a trace's own offsets."""
-    return http.rate is not None or any(line.at is not None for line in replayed or [])
+    """Requests arrive on a schedule, not in rounds: a rate, or a trace's own offsets (unless
+    `arrivals: ordered` replays them in order)."""
+    return http.arrivals != "ordered" and (
+        http.rate is not None or any(line.at is not None for line in replayed or []))
 
 
 def plan(http: HttpSpec, seed: int, replayed: list[trace.Line] | None = None,

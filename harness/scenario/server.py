@@ -247,7 +247,13 @@ class HttpSpec(Strict):
     each round. Open loop (`rate:`, or a trace's own `at` offsets): requests arrive on a
     seeded schedule whether or not earlier ones are done, so a slow server builds a queue, and
     the traffic pauses every `rest_every` seconds for a sample at rest. `duration:` repeats the
-    traffic until that time has passed (a soak), `max_requests:` stops it at a count."""
+    traffic until that time has passed (a soak), `max_requests:` stops it at a count.
+
+    What open-loop traffic makes of memory depends on the machine's speed: a slow runner queues
+    arrivals into large batches. So the gate (`gate pr`, `baseline update`, `baseline check`,
+    `run --gated`) replays it as `gate:` says: `ordered` (the default), the requests in their
+    order, `clients` at a time, arrival times ignored (`arrivals: ordered`); `as_declared`, on
+    its schedule, for a runner whose speed is known."""
 
     endpoint: Literal["chat", "completions"] = "chat"
     # The model each request names, for servers that require one (placeholders as in the
@@ -261,7 +267,9 @@ class HttpSpec(Strict):
     trace: Annotated[str, Field(strict=True, min_length=1)] | None = None
     # Open-loop arrivals: requests a second, drawn as a Poisson process (or evenly spaced).
     rate: PerSecond | None = None
-    arrivals: Literal["poisson", "even"] = "poisson"
+    # `ordered`: no schedule; the requests go out in order, in rounds of `clients`.
+    arrivals: Literal["poisson", "even", "ordered"] = "poisson"
+    gate: Literal["ordered", "as_declared"] = "ordered"
     duration: Duration | None = None
     max_requests: Requests | None = None
     # Under open-loop traffic, the longest stretch without a sample at rest: arrivals pause,
@@ -293,7 +301,14 @@ class HttpSpec(Strict):
     @property
     def open_loop(self) -> bool:
         """Requests arrive on a schedule (a rate, or a trace's offsets) rather than in rounds."""
-        return self.rate is not None or self.trace is not None
+        return (self.rate is not None or self.trace is not None) and self.arrivals != "ordered"
+
+    def gated(self) -> HttpSpec:
+        """The traffic as the gate runs it: open loop replayed in order unless `gate:` keeps
+        its schedule (`as_declared`)."""
+        if not self.open_loop or self.gate == "as_declared":
+            return self
+        return self.model_copy(update={"arrivals": "ordered"})
 
     def requests(self) -> int:
         """How many requests one pass of the generated phases sends (0 for a trace: its
