@@ -544,7 +544,7 @@ def test_configured_tolerances_are_shown_as_configured(tmp_path, capsys):
     base, head = suites(tmp_path, [summary("s", "v", rss_peak=400 * MiB)],
                         [summary("s", "v", rss_peak=500 * MiB)])
     code, out, _ = run([base, head], capsys)
-    assert code == 1 and out.splitlines()[1].endswith("tolerance 64 MiB and 10%")
+    assert code == 1 and out.splitlines()[1].endswith("tolerance 8 MiB and 15%")
     assert "📏" not in out
 
 

@@ -92,11 +92,12 @@ def test_direction_decides_which_change_is_a_regression(monkeypatch):
     assert "0.500×" in render_text(lower)
 
 
-def test_the_gated_metrics_are_the_eight_every_summary_carries_and_buffers():
-    """buffers came later: a summary recorded before it lacks it, so it is not required."""
+def test_the_gated_metrics_are_the_eight_every_summary_carries_buffers_and_host_rate():
+    """buffers and host_rate came later: a summary recorded before them lacks them, so they are
+    not required."""
     assert metrics.gated() == ["peak", "steady", "final", "largest_spike", "leak_rate", "retained",
-                               "buffers", "rss_peak", "overhead_ratio"]
+                               "buffers", "rss_peak", "host_rate", "overhead_ratio"]
     assert [n for n, m in METRICS.items() if m.required] == [
-        n for n in metrics.gated() if n != "buffers"]
+        n for n in metrics.gated() if n not in ("buffers", "host_rate")]
     assert (metrics.noisy(), metrics.exact()) == (
         ["peak", "largest_spike"], ["steady", "final", "leak_rate", "retained", "buffers"])

@@ -35,6 +35,18 @@ N`) carries the measured spread of peak and spike; their floor is then at least 
 times the base's spread, after the scaling above (a measured spread is never scaled down), so a
 value measured once inside the recorded range never fails a pull request. A spread the head
 reports is never used: it would let the head widen the tolerance that judges it.
+
+Host memory. rss_peak counts past 15% of the base's own RSS and 8 MiB (it was 10% and 64 MiB:
+a 24 MiB host copy on a 60.5 MiB process, +40%, passed). Measured on 2 shared cores, five runs
+alone and three beside a second suite (canaries and mlx_lm_server at --jobs 2): rss_peak moved
+by at most 0.28 MiB on the scratch scenario (gate_trim, 66.5-66.8 MiB), 0.16 MiB on
+import_path_leak (66.4-66.6 MiB) and 0.5 MiB on mlx_lm_server/default (154.3-154.8 MiB), alike
+under load. What moves it more is kvmem itself between two recordings: today's runs of unchanged
+scenarios read 5.8-6.2 MiB (6-10%) over baselines recorded two days earlier in kvmem's own
+process, and 8.7-13.6 MiB (6-11%) in mlx_lm_server's with the agent; the share and the floor
+absorb that, and nothing a pull request adds of its own. host_rate, what at least half the
+points at rest add outside MLX, read 0-28 KiB a request on those runs, 40 KiB at most on the
+server: its 256 KiB tolerance (host_memory's min_rate) fails a store keeping 1 MiB a request.
 """
 
 from __future__ import annotations

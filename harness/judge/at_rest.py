@@ -283,8 +283,25 @@ def host_memory(frame: pd.DataFrame, t: HostThresholds, backend: str) -> Finding
         f"{mib(active_rise[at])} MiB (at step {frame['step'][at]})"))
     if found is not None:
         return found
-    # Elsewhere RSS may hold MLX's own buffers (unified memory): only what it gained beyond them.
-    return _host_trend(points, rise if backend == "cpu" else rise - active_rise, t)
+    return _host_trend(points, _host(points, backend) - _host(base, backend).iloc[0], t)
+
+
+def _host(rows: pd.DataFrame, backend: str) -> pd.Series:
+    """What the trend follows: process memory outside MLX; elsewhere than CPU, where RSS may hold
+    MLX's own buffers (unified memory), only what it holds beyond them."""
+    outside = _outside_mlx(rows, backend)
+    return outside if backend == "cpu" else outside - rows["active"]
+
+
+def host_rate(frame: pd.DataFrame, t: HostThresholds, backend: str) -> int | None:
+    """What at least half of the points at rest past the warm-up add to process memory outside
+    MLX (the lower median of its deltas, as the trend reads a request's rise), the figure the
+    gate holds host memory to request by request; None with fewer than two such points."""
+    points = quiescent(frame).iloc[t.warmup:]
+    if len(points) < 2:
+        return None
+    deltas = _host(points, backend).astype(float).diff().dropna().sort_values()
+    return int(deltas.iloc[(len(deltas) - 1) // 2])
 
 
 def _host_trend(points: pd.DataFrame, rise: pd.Series, t: HostThresholds) -> Finding | None:

@@ -119,6 +119,7 @@ def summarize(outcome: RunOutcome, environment: dict[str, Any],
     spec = outcome.variant.spec
     frame = to_frame(outcome.rows)
     frame.attrs["buffer_limit"] = environment.get("buffer_limit")  # the backend's, if it has one
+    frame.attrs["backend"] = environment["backend"]  # what host memory is there (host_rate)
     holders = holders_frame(outcome.holders)
     # An interrupted run is judged on what it sampled, as a shorter run would be; it never passes.
     served = outcome.status in ("ok", INTERRUPTED) and not frame.empty
