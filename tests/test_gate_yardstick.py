@@ -150,6 +150,9 @@ def test_a_baseline_without_a_digest_lists_no_change(branch):
         environment["runner"]["cpus"] += 1
 
     assert cli("gate", "pr", "--base", "old", "--from", head_reports(other)) == 0
+    result = json.loads(Path("kvmem-gate/memory-delta.json").read_text())
+    assert result["changes"] == []
+    assert [e["not_recorded"] for e in result["entries"]] == [["model_folder", "runner"]]
 
 
 def test_another_runner_class_needs_the_acceptance(branch):

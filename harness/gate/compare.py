@@ -82,6 +82,9 @@ class Entry:
     # `gate pr`: why the judge does not take the head's summary for this variant (it ran on
     # another backend than the check judges), or why a variant the head still defines has none.
     refusal: str | None = None
+    # `gate pr`: what the head records beside its scenario that its baseline did not (an older
+    # baseline): `model_folder`, `runner`, `preloaded`, compared with nothing (gate.yardstick).
+    not_recorded: list[str] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[str, str]:

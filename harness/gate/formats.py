@@ -59,6 +59,7 @@ def _entry_json(entry: Entry) -> dict:
         "head": str(entry.head.path) if entry.head else None,
         "metrics": {d.metric: _metric_json(d) for d in entry.deltas},
         "findings": findings(entry), "failed_expectations": failed_expectations(entry),
+        "not_recorded": entry.not_recorded,
     }
 
 

@@ -18,6 +18,7 @@ from .policy import Change
 
 MODEL_PATH = "scenario model.path"  # the row harness.gate.definition writes for a moved folder
 SHOWN = 12  # hex digits of a digest the comment shows
+FACTS = ("model_folder", "runner", "preloaded")  # harness.judge.provenance's, by name
 
 
 def _digest(sha256: str) -> str:
@@ -60,13 +61,23 @@ def _moved(base: Summary, head: Summary) -> bool:
     return old is not None and new is not None and old.sha256 == new.sha256
 
 
+def _not_recorded(base: Summary, head: Summary) -> list[str]:
+    return [name for name in FACTS if getattr(base.environment, name) is None
+            and getattr(head.environment, name) is not None]
+
+
 def judged(comparison: Comparison, changes: list[Change]) -> list[Change]:
     """`changes` with what each compared variant's head was measured with beside its scenario
     listed (each loosens but a removed start-up module), and without the `model.path` row of a
-    folder that moved with its bytes."""
-    moved = {e.label for e in comparison.entries
-             if e.base is not None and e.head is not None and _moved(e.base, e.head)}
-    kept = [c for c in changes if not (c.label in moved and c.what == MODEL_PATH)]
-    return kept + [Change(e.label, *row)
-                   for e in comparison.entries if e.base is not None and e.head is not None
-                   for row in differences(e.base.environment, e.head.environment)]
+    folder that moved with its bytes. Each entry says which facts its baseline did not record
+    (`not_recorded`, in the JSON only)."""
+    pairs = [(e, e.base, e.head) for e in comparison.entries
+             if e.base is not None and e.head is not None]
+    rows = []
+    for entry, base, head in pairs:
+        entry.not_recorded = _not_recorded(base, head)
+        if _moved(base, head):
+            changes = [c for c in changes if not (c.label == entry.label and c.what == MODEL_PATH)]
+        rows += [Change(entry.label, *row)
+                 for row in differences(base.environment, head.environment)]
+    return changes + rows
