@@ -141,6 +141,14 @@ def test_unchanged_code_on_a_slowed_server_gives_no_regression(form, code, tmp_p
             in comment) == (code == 0)
     if code:
         assert any(e["verdict"] == "regression" for e in result["entries"])
+        return
+    # The same reports measured on the schedule (`kvmem run` without --gated, as a workflow
+    # that dropped the flag would) are refused, not compared.
+    assert scratch.cli("run", "scenarios", "--out", "reports-declared") == 0
+    status, comment, result = gate("--from", "reports-declared")
+    assert status == 1
+    assert "the head's run kept the open-loop schedule" in comment
+    assert [e["state"] for e in result["entries"]] == ["failed"]
 
 
 # -- host memory against the run's own RSS ------------------------------------------------------

@@ -15,6 +15,7 @@ from rich.markup import escape
 from ..common.errors import BadInput
 from ..gate import baseline
 from ..gate.compare import Comparison, compare, head_failed
+from ..gate.form import unordered
 from ..gate.formats import RENDERERS
 from ..gate.policy import ACCEPT_LABEL
 from ..gate.render import render_text
@@ -150,6 +151,7 @@ def pull_request(args: argparse.Namespace, console: Console) -> int:
     else:
         comparison = compare(list(old.values()), on, rel, abs_)
         identity.off_backend(comparison, head, backend)
+        unordered(comparison, defined[1])
         commits = {path: git.last_change(top, folder / path) for path in set(old) | set(new)
                    if path not in old or path not in new or old[path].to_json() != new[path].to_json()}
         comparison = pr.judge(comparison, old, new, args.accept, defined, commits, (rel, abs_))

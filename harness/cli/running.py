@@ -57,6 +57,8 @@ def noise(args: argparse.Namespace, console: Console) -> int:
     """Exit 2 when a run did not complete, 1 when exact metrics differed or an expectation
     failed in some run, else 0."""
     variants = options.variants(args.paths, args.variant, console)
+    if args.gated:
+        variants = options.as_gated(variants)
     from ..run import repeat
 
     summaries = repeat.run_repeated(variants, args.runs, Path(args.out), console, args.jobs)
@@ -103,10 +105,7 @@ def add(sub: argparse._SubParsersAction) -> None:
                          help="end a server variant's traffic at its first sample at rest over "
                               "its budget (detect.unbounded.budget, else the cache's own cap), "
                               "its report written")
-    running.add_argument("--gated", action="store_true",
-                         help="run open-loop traffic as the gate measures it: replayed in "
-                              "order, arrival times ignored (workload.http.gate), for "
-                              "reports that `gate pr --from` and `baseline` read")
+    _gated_option(running)
     options.jobs_option(running, auto=True)
     running.add_argument("--shard", type=options.shard, metavar="I/N",
                          help="run only the I-th of N deterministic parts of the suite's "
@@ -132,5 +131,13 @@ def add(sub: argparse._SubParsersAction) -> None:
                        help=f"runs per variant (default: {DEFAULT_RUNS})")
     noisy.add_argument("--out", default=DEFAULT_OUT,
                        help=f"report folder for the median runs (default: {DEFAULT_OUT})")
+    _gated_option(noisy)
     options.jobs_option(noisy)
     noisy.set_defaults(handler=noise)
+
+
+def _gated_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gated", action="store_true",
+                        help="run open-loop traffic as the gate measures it: replayed in order, "
+                             "arrival times ignored (workload.http.gate), for reports that "
+                             "`gate pr --from` and `baseline` read")

@@ -225,10 +225,8 @@ class ModelFacts(_Given):
     # its scenario requires (what produced the figures, rather than kvmem's own).
     packages: dict[str, StrictStr] | None = None
     latency: Latency | None = None
-    # Open loop: arrivals that waited for a free client (the server's queue spilled into kvmem's).
-    queued: StrictInt | None = None
-    # Open-loop traffic replayed in order, arrival times ignored (`arrivals: ordered`, the gate's).
-    ordered: StrictBool | None = None
+    queued: StrictInt | None = None  # open loop: arrivals that waited for a free client
+    ordered: StrictBool | None = None  # open loop replayed in order, arrival times ignored
     stopped: StrictStr | None = None  # why the traffic ended before its end (fail_fast)
     agent_s: Figure = None  # seconds kvmem's agent spent sampling inside the server, in all
     # A recording's: each process sampled (pid, parent, command, forked, samples, MLX active and
