@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from harness.adopt import CONTEXT, LABEL
+from harness.gate import event
 from harness.gate.render import MARKER
 
 WORKFLOWS = Path(__file__).resolve().parents[1] / ".github" / "workflows"
@@ -276,12 +277,13 @@ def test_the_judge_reads_the_measured_runs_own_artifacts_and_the_base_from_the_a
     assert names == {u["with"]["name"] for u in using(measure, "actions/upload-artifact")}
     gate = step(judge, "judge", "gate")
     assert gate["env"]["BASE_SHA"] == "${{ needs.pull.outputs.base }}"
-    assert gate["env"]["ACCEPTED"] == "${{ needs.pull.outputs.accepted }}"
+    assert gate["env"]["EVENT"] == "${{ needs.pull.outputs.event }}"
     assert gate["env"]["KVMEM_ARTIFACT_URL"] == "${{ github.event.workflow_run.html_url }}"
     compared = step(judge, "judge", "workflow")
     assert compared["env"] == {"BASE_SHA": "${{ needs.pull.outputs.base }}",
                                "HEAD_SHA": HEAD_SHA}
     assert judge["jobs"]["pull"]["outputs"]["base"] == "${{ steps.find.outputs.base }}"
+    assert judge["jobs"]["pull"]["outputs"]["event"] == "${{ steps.find.outputs.event }}"
 
 
 def test_each_job_of_the_check_holds_only_what_it_needs(check):
@@ -332,23 +334,24 @@ def test_this_repositorys_check_measures_in_shards_and_judges_with_the_default_b
 
 
 def test_the_judge_step_keeps_the_worst_status(tmp_path):
-    """The step's script, run with a fake kvmem: the gate's status, else the merge's."""
+    """The step's script, run with a fake kvmem: the gate's status, else the merge's; the
+    acceptance is the gate's to decide, from the event the step writes for it."""
     script = step(workflow("memory-comment.yml"), "judge", "gate")["run"]
     (tmp_path / "venv-judge/bin").mkdir(parents=True)
     (tmp_path / "head").mkdir()
     kvmem = tmp_path / "venv-judge/bin/kvmem"
     kvmem.write_text('#!/bin/sh\necho "$@" > ../args\nexit "$GATE"\n')
     kvmem.chmod(0o755)
-    for gate, merged, accepted, expected in ((0, 0, "false", 0), (1, 0, "true", 1),
-                                             (0, 1, "false", 1), (2, 1, "false", 2)):
+    for gate, merged, expected in ((0, 0, 0), (1, 0, 1), (0, 1, 1), (2, 1, 2)):
         env = {"PATH": "/usr/bin:/bin", "GATE": str(gate), "MERGED": str(merged),
-               "ACCEPTED": accepted, "BASE_SHA": "abc"}
+               "EVENT": '{"schema": 1}', "BASE_SHA": "abc"}
         done = subprocess.run(["bash", "-eo", "pipefail", "-c", script], cwd=tmp_path / "head",
                               env=env)
         assert done.returncode == expected, (gate, merged)
         args = (tmp_path / "args").read_text().split()
-        assert ("--accept" in args) == (accepted == "true")
+        assert "--accept" not in args and args[-2:] == ["--event", "../event.json"]
         assert args[:4] == ["gate", "pr", "--base", "abc"]
+        assert (tmp_path / "event.json").read_text() == '{"schema": 1}\n'
 
 
 def git(repo: Path, *args: str) -> str:
@@ -393,16 +396,18 @@ def run_verdict(data: dict, folder: Path, delta: str | None, **env: str
     """Run the verdict step's script in `folder`, the gate having written `delta` (or nothing),
     with the outcomes in `env`; return its outputs, the comment and its exit status."""
     folder.mkdir()
+    accepted = env.pop("ACCEPTED", "false") == "true"  # as the gate decided, in its JSON
     if delta is not None:
         (folder / "verdict").mkdir()
         (folder / "verdict" / "memory-delta.md").write_text(delta)
+        (folder / "verdict" / "memory-delta.json").write_text(json.dumps({"accepted": accepted}))
     output = folder / "output"
     environment = {
         "PATH": os.environ["PATH"], "GITHUB_OUTPUT": str(output),
         "GITHUB_SERVER_URL": "https://github.com", "GITHUB_REPOSITORY": "o/r",
         "GITHUB_RUN_ID": "7", "MEASURED": "https://github.com/o/r/actions/runs/5",
         "CONCLUSION": "success", "REPORTS": "success", "GATE": "success", "CHANGED": "false",
-        "LABELLED": "false", "ACCEPTED": "false", **data["env"], **env}
+        **data["env"], **env}
     done = subprocess.run(["bash", "-eo", "pipefail", "-c", step(data, "judge", "verdict")["run"]],
                           cwd=folder, env=environment)
     outputs = dict(line.split("=", 1) for line in output.read_text().splitlines())
@@ -423,11 +428,8 @@ def test_the_verdict_fails_on_every_outcome_but_a_clean_pass(check, tmp_path):
                                "The measurement run ended as `failure`"),
         "workflow changed": (passed, {"CHANGED": "true"}, "failure",
                              f"#### 🔴 The measurement workflow changed\n\n`{check.measured}`"),
-        "workflow change accepted": (passed, {"CHANGED": "true", "LABELLED": "true",
-                                              "ACCEPTED": "true"}, "success",
-                                     "Accepted: the measurement workflow changed"),
-        "label of an earlier commit": (passed, {"LABELLED": "true"}, "success",
-                                       f"The `{LABEL}` label predates this commit"),
+        "workflow change accepted": (passed, {"CHANGED": "true", "ACCEPTED": "true"},
+                                     "success", "Accepted: the measurement workflow changed"),
         "no reports": (None, {"REPORTS": "failure", "GATE": "skipped"}, "failure",
                        "The measurement run left no reports"),
         "crashed": (None, {"GATE": "failure"}, "failure", "The judge stopped before the gate"),
@@ -500,35 +502,45 @@ def run_script(data: dict, job: str, cwd: Path, payload: dict, lists: dict | Non
 
 
 @needs_node
-def test_the_judge_finds_the_pull_request_and_counts_a_label_only_after_the_push(check, tmp_path):
+def test_the_judge_gathers_the_event_that_kvmem_decides_the_acceptance_from(check, tmp_path):
     """A fork's pull request is not listed on the run: it is found by its head commit and
-    repository. The label accepts only when applied after the commit was first measured."""
-    def pull(number: int, sha: str = "h", repo: int = 2, labels: tuple = (LABEL,)) -> dict:
-        return {"number": number, "head": {"sha": sha, "repo": {"id": repo}},
-                "base": {"sha": "b"}, "labels": [{"name": name} for name in labels]}
+    repository. The job gathers facts only (the author, the label's applications, the
+    measurements of the head branch), and kvmem accepts the commit that was the head when the
+    label was last applied."""
+    x, y, base = "1" * 40, "2" * 40, "3" * 40
+    run = {**RUN, "head_sha": x}
 
-    def labelled(at: str) -> list[dict]:
-        return [{"event": "labeled", "label": {"name": LABEL}, "created_at": at},
-                {"event": "labeled", "label": {"name": "other"}, "created_at": "2025-02-01T00:00:00Z"}]
+    def pull(number: int, sha: str = x, repo: int = 2, labels: tuple = (LABEL,)) -> dict:
+        return {"number": number, "user": {"login": "alice"}, "labels": [{"name": n} for n in labels],
+                "head": {"sha": sha, "ref": "feature", "repo": {"id": repo}}, "base": {"sha": base}}
 
-    runs = [{"created_at": "2025-01-01T00:00:00Z"}, {"created_at": RUN["created_at"]}]
-    find = lambda pulls, events: run_script(
-        check.judge, "pull", tmp_path, {"workflow_run": RUN},
-        {"pulls.list": pulls, "issues.listEvents": events, "actions.listWorkflowRuns": runs})
-    open_pulls = [pull(3), pull(4, repo=9), pull(5, sha="x")]
-    after = find(open_pulls, labelled("2025-01-01T00:05:00Z"))
-    assert after["outputs"] == {"number": "3", "base": "b", "labelled": "true", "accepted": "true"}
+    labelled = [{"event": "labeled", "label": {"name": LABEL}, "actor": {"login": "bob"},
+                 "created_at": "2025-01-01T00:05:00Z"},
+                {"event": "labeled", "label": {"name": "other"}, "actor": {"login": "eve"},
+                 "created_at": "2025-02-01T00:00:00Z"}]
+    runs = [{"head_sha": x, "created_at": "2025-01-01T00:00:00Z", "head_repository": {"id": 2}},
+            {"head_sha": y, "created_at": "2025-01-01T00:01:00Z", "head_repository": {"id": 9}},
+            {"head_sha": x, "created_at": RUN["created_at"], "head_repository": {"id": 2}}]
+    find = lambda pulls, lists=(): run_script(
+        check.judge, "pull", tmp_path, {"workflow_run": run},
+        {"pulls.list": pulls, "issues.listEvents": labelled, "actions.listWorkflowRuns": runs,
+         **dict(lists)})
+    found = find([pull(3), pull(4, repo=9), pull(5, sha="x")])
+    assert set(found["outputs"]) == {"number", "base", "event"}
+    assert (found["outputs"]["number"], found["outputs"]["base"]) == ("3", base)
     assert ["actions.listWorkflowRuns", {"owner": "o", "repo": "r", "workflow_id": 5,
-                                         "head_sha": "h", "event": "pull_request",
-                                         "per_page": 100}] in after["calls"]
-    before = find(open_pulls, labelled("2024-12-31T23:59:00Z"))
-    assert before["outputs"] == {"number": "3", "base": "b", "labelled": "true",
-                                 "accepted": "false"}
-    unlabelled = find([pull(3, labels=())], labelled("2025-01-01T00:05:00Z"))
-    assert unlabelled["outputs"]["accepted"] == "false"
-    assert [c[0] for c in unlabelled["calls"]] == ["pulls.list"]
+                                         "branch": "feature", "event": "pull_request",
+                                         "per_page": 100}] in found["calls"]
+    given = event.parse(json.loads(found["outputs"]["event"]), "event")
+    assert (given.number, given.author, given.base, given.head) == (3, "alice", base, x)
+    assert [s.what for s in given.applied] == ["bob"]
+    assert [s.what for s in given.pushes] == [x, x]          # the fork's other branch is not
+    assert event.decide(given, False).accepted                # x was the head at 00:05
+    taken_off = find([pull(3, labels=())])
+    assert not event.decide(event.parse(json.loads(taken_off["outputs"]["event"]), "e"),
+                            False).accepted
     # Two open pull requests with this head (or none): no verdict, the job fails.
-    twice = find([pull(3), pull(6)], [])
+    twice = find([pull(3), pull(6)])
     assert "number" not in twice["outputs"] and twice["outputs"]["failed"]
 
 

@@ -15,11 +15,12 @@ from rich.markup import escape
 from ..common.errors import BadInput
 from ..gate import baseline
 from ..gate.compare import Comparison, compare, head_failed
+from ..gate.event import Event
 from ..gate.form import unordered
 from ..gate.formats import RENDERERS
 from ..gate.policy import ACCEPT_LABEL
 from ..gate.render import render_text
-from ..judge.summary import Summary, checked, load_summaries
+from ..judge.summary import Summary, checked, exit_status, load_summaries, read_summary
 from ..report import console as term
 from ..run.environment import BACKENDS
 from . import options
@@ -122,11 +123,14 @@ def pull_request(args: argparse.Namespace, console: Console) -> int:
     """The pull-request check: the head's runs (or `--from` reports) against the baselines
     committed at --base, with the changes the head makes to them. Exit 0 pass, 1 a regression
     or a rejected change, 2 bad input or a run that did not complete (after writing the
-    comment, which says which, crashes included)."""
-    from ..gate import git, identity, pr
+    comment, which says which, crashes included). A local run judges what it wrote as CI judges
+    the measurement's reports, with the same statuses; `--event` names who's who and decides
+    the acceptance as CI does."""
+    from ..gate import event, git, identity, pr
 
     top = git.toplevel(Path.cwd())
     sha = git.commit(args.base, top)
+    acceptance = event.decide(_event(args, sha, top), args.accept)
     root = Path(args.dir).resolve()
     if top not in (root, *root.parents):
         raise BadInput(f"--dir {args.dir}: not inside the repository at {top}")
@@ -154,11 +158,35 @@ def pull_request(args: argparse.Namespace, console: Console) -> int:
         unordered(comparison, defined[1])
         commits = {path: git.last_change(top, folder / path) for path in set(old) | set(new)
                    if path not in old or path not in new or old[path].to_json() != new[path].to_json()}
-        comparison = pr.judge(comparison, old, new, args.accept, defined, commits, (rel, abs_))
+        comparison = pr.judge(comparison, old, new, acceptance.accepted, defined, commits,
+                              (rel, abs_))
     comparison.notes += notes
+    comparison.acceptance = acceptance
     comparison.artifact_url = args.artifact_url or os.environ.get("KVMEM_ARTIFACT_URL") or None
     _write_gate(comparison, Path(args.out), console)
-    return 2 if crashed is not None or any(not s.ok for s in head) else comparison.exit_code
+    # As CI's judge: the gate's status, else that of the runs (the merge's): 2 a run did not
+    # complete, 1 one broke its expectations.
+    status = 2 if crashed is not None or any(not s.ok for s in head) else comparison.exit_code
+    return status or exit_status(head)
+
+
+def _event(args: argparse.Namespace, base: str, top: Path) -> Event | None:
+    """The pull request's event (`--event`), checked to be about this comparison: its base
+    commit is --base's and its head the commit checked out. None for a local run."""
+    from ..gate import event, git
+
+    if args.event is None:
+        return None
+    if args.accept:
+        raise BadInput("--accept: the acceptance comes from --event (the label's actor and the "
+                       "commit it was applied for); give one or the other")
+    found = event.load(Path(args.event))
+    head = git.commit("HEAD", top)
+    for name, sha, expected in (("base_sha", found.base, base), ("head_sha", found.head, head)):
+        if sha != expected:
+            raise BadInput(f"{args.event}: pull_request.{name} {sha[:12]} is not the commit "
+                           f"judged here ({expected[:12]})")
+    return found
 
 
 def _this_backend() -> str:
@@ -186,7 +214,8 @@ def _head_runs(args: argparse.Namespace, paths: list[str]) -> tuple[list[Summary
     head = run_variants(variants, Path(args.reports), errors, jobs=args.jobs)
     errors.print(term.results(head))
     term.failures(errors, head)
-    return head, None
+    # Judged from the files the run wrote, read as `--from` reads them (CI judges those).
+    return [read_summary(s.path) if s.path.is_file() else s for s in head], None
 
 
 def _base_definitions(baselines: dict, sha: str, top: Path, notes: list[str]) -> dict:
@@ -289,7 +318,11 @@ def _add_gate(sub: argparse._SubParsersAction) -> None:
     pull.add_argument("--base", required=True, metavar="REF",
                       help="the target branch's revision, e.g. origin/main")
     pull.add_argument("--accept", action="store_true",
-                      help=f"the maintainers accept the changes (the `{ACCEPT_LABEL}` label)")
+                      help="a local run: the maintainers accept the changes (CI gives --event)")
+    pull.add_argument("--event", metavar="FILE",
+                      help="the pull request as GitHub's API gives it (JSON, harness.gate.event): "
+                           "who changed the baselines, who applied the "
+                           f"`{ACCEPT_LABEL}` label and for which commit; decides the acceptance")
     pull.add_argument("--from", dest="source", metavar="REPORTS",
                       help="judge the summaries under REPORTS instead of running the scenarios")
     pull.add_argument("--dir", default="baselines", help="baselines folder (default: baselines)")

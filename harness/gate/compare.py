@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from ..judge.metrics import METRICS, gated
 from ..judge.summary import Noise, Summary
+from .event import Acceptance
 from .policy import Change, PolicyChange, policy_changes
 from .tolerance import CompareError, Tolerance, tolerances
 
@@ -137,6 +138,9 @@ class Comparison:
     # the maintainers' acceptance.
     changes: list[Change] = field(default_factory=list)
     accepted: bool = False
+    # `gate pr`: who's who and whose acceptance, from the pull request's event (or none: a
+    # local run), for the renderings to name.
+    acceptance: Acceptance | None = None
 
     @property
     def policy_changes(self) -> list[Entry]:

@@ -75,14 +75,16 @@ def repository_path(recorded: str | None, top: Path) -> PurePosixPath | None:
 
 
 def _leaves(value: object, prefix: str) -> dict[str, object]:
-    """Each scalar under `value` by its path: `workload.requests[2].prompt`."""
-    if isinstance(value, dict) and value:
+    """Each scalar under `value` by its path: `workload.requests[2].prompt`. An empty mapping
+    or list and a null state nothing, as an absent field does (`server.env: {}` is the
+    default of no `env`): only what one side states differently is a difference."""
+    if isinstance(value, dict):
         return {path: leaf for key, item in value.items()
                 for path, leaf in _leaves(item, f"{prefix}.{key}").items()}
-    if isinstance(value, list) and value:
+    if isinstance(value, list):
         return {path: leaf for index, item in enumerate(value)
                 for path, leaf in _leaves(item, f"{prefix}[{index}]").items()}
-    return {prefix: value}
+    return {} if value is None else {prefix: value}
 
 
 def _shown(value: object) -> str:

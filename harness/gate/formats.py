@@ -16,6 +16,8 @@ from datetime import datetime, timezone
 
 from ..judge.summary import Noise
 from .compare import COMPARED, FAILED, Comparison, Entry, MetricDelta
+from .event import Acceptance
+from .identity import RENAMED
 from .policy import Change
 from .render import (
     failed_expectations,
@@ -25,6 +27,7 @@ from .render import (
     format_tolerance,
     format_value,
     headline,
+    plain,
     reasons,
     render_markdown,
     render_text,
@@ -65,12 +68,23 @@ def _entry_json(entry: Entry) -> dict:
 
 def _change_json(change: Change, accepted: bool) -> dict:
     recorded = change.recorded
+    status = "renamed" if change.what == RENAMED else change.status(accepted)
     return {"variant": change.label, "what": change.what, "old": change.old, "new": change.new,
-            "loosens": change.loosens, "status": change.status(accepted),
+            "loosens": change.loosens, "status": status,
             "why": why_not(change, accepted) or None,
             "recorded": None if recorded is None else
             {"by": recorded.by, "at": recorded.at, "reason": recorded.reason},
             "commit": change.commit}
+
+
+def _pull_json(acceptance: Acceptance | None) -> dict | None:
+    """Who's who, as the pull request's event gave it (None: no event, a local run)."""
+    event = acceptance.event if acceptance else None
+    if acceptance is None or event is None:
+        return None
+    return {"number": event.number, "author": event.author, "head_sha": event.head,
+            "labelled": event.labelled, "label_actor": acceptance.actor or None,
+            "label_given_for": acceptance.given_for or None}
 
 
 def render_json(comparison: Comparison) -> str:
@@ -81,6 +95,7 @@ def render_json(comparison: Comparison) -> str:
                        "policy_changes": {e.label: [p.name for p in e.policy]
                                           for e in comparison.policy_changes},
                        "accepted": comparison.accepted,
+                       "pull_request": _pull_json(comparison.acceptance),
                        "changes": [_change_json(c, comparison.accepted) for c in comparison.changes],
                        "entries": [_entry_json(e) for e in comparison.entries]}, indent=1) + "\n"
 
@@ -99,10 +114,11 @@ def render_junit(comparison: Comparison) -> str:
     name, classname and time."""
     cases = []
     for entry in comparison.entries:
-        case = ET.Element("testcase", name=entry.variant, classname=f"kvmem.{entry.scenario}",
-                          time=f"{_seconds(entry):.3f}")
+        case = ET.Element("testcase", name=plain(entry.variant),
+                          classname=f"kvmem.{plain(entry.scenario)}", time=f"{_seconds(entry):.3f}")
         if entry.verdict == "regression" and entry.state == FAILED:
-            ET.SubElement(case, "error", message=entry.note, type="run-failed").text = entry.note
+            note = plain(entry.note)
+            ET.SubElement(case, "error", message=note, type="run-failed").text = note
         elif entry.verdict == "regression":
             details = [f"{d.metric}: {' -> '.join(format_pair(d))} "
                        f"({format_value(d.metric, d.delta, True)}, {format_percent(d)})"
@@ -110,12 +126,13 @@ def render_junit(comparison: Comparison) -> str:
             text = details + reasons(entry, code="")
             if comparison.artifact_url:
                 text.append(f"plots: {comparison.artifact_url}")
-            ET.SubElement(case, "failure", message="; ".join(details) or entry.failure or entry.note,
+            message = "; ".join(details) or plain(entry.failure or entry.note)
+            ET.SubElement(case, "failure", message=message,
                           type="memory-regression").text = "\n".join(text)
         elif entry.state != COMPARED:
-            ET.SubElement(case, "skipped", message=f"{entry.state}: {entry.note}".rstrip(": "))
+            ET.SubElement(case, "skipped", message=f"{entry.state}: {plain(entry.note)}".rstrip(": "))
         cases.append(case)
-    rejected = [f"{c.label} {c.what} {c.old} -> {c.new}: {why_not(c, comparison.accepted)}"
+    rejected = [plain(f"{c.label} {c.what} {c.old} -> {c.new}: {why_not(c, comparison.accepted)}")
                 for c in comparison.rejected]
     if rejected:
         case = ET.Element("testcase", name="yardstick", classname="kvmem", time="0.000")
@@ -124,7 +141,7 @@ def render_junit(comparison: Comparison) -> str:
         cases.append(case)
     if comparison.head_failure is not None:
         case = ET.Element("testcase", name="head", classname="kvmem", time="0.000")
-        message = headline(comparison).removeprefix("🔴 kvmem: ")
+        message = plain(headline(comparison).removeprefix("🔴 kvmem: "))
         ET.SubElement(case, "error", message=message, type="head-failed").text = message
         cases.append(case)
     count = {kind: str(sum(c.find(kind) is not None for c in cases))

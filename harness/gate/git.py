@@ -78,11 +78,11 @@ def read_file(sha: str, top: Path, path: PurePosixPath) -> bytes | None:
 
 
 def last_change(top: Path, path: PurePosixPath) -> str:
-    """Who last changed `path` in the checked-out history, and in which commit (`a1b2c3d4e5f6
-    by Name <mail>`), from git rather than from what the file says of itself; `uncommitted`
-    when the working tree differs from it."""
+    """The commit of the checked-out history that last changed `path` (its SHA's first 12
+    digits), `uncommitted changes in the working tree` where the tree differs from it. Never its
+    author: the pull request writes that as it likes (who made a change comes from the pull
+    request's event, harness.gate.event)."""
     if _git(["status", "--porcelain", "--", str(path)], top).strip():
         return "uncommitted changes in the working tree"
-    line = _git(["log", "-1", "--format=%H%x1f%an <%ae>", "--", str(path)], top).decode()
-    sha, _, author = line.strip().partition("\x1f")
-    return f"{sha[:12]} by {author}" if sha else "no commit"
+    sha = _git(["log", "-1", "--format=%H", "--", str(path)], top).decode().strip()
+    return sha[:12] if sha else "no commit"

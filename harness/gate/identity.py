@@ -21,6 +21,8 @@ from .compare import FAILED, NEW, REMOVED, Comparison, Entry, compare
 from .definition import Definitions
 from .policy import Change
 
+RENAMED = "variant name"  # a Change's `what` where a variant is renamed (old → new label)
+
 
 def off_backend(comparison: Comparison, head: list[Summary], backend: str) -> None:
     """Fail each head summary that names another backend than the check's: on the base's entry
@@ -69,6 +71,6 @@ def renames(comparison: Comparison, defined: tuple[Definitions, Definitions],
         paired.note = f"renamed from {spelled(old.label)}"
         comparison.entries[comparison.entries.index(entry)] = paired
         comparison.entries.remove(old)
-        changes.append(Change(entry.label, "variant name", spelled(old.label),
+        changes.append(Change(entry.label, RENAMED, spelled(old.label),
                               spelled(entry.label), False))
     return changes

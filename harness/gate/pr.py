@@ -93,8 +93,9 @@ def _changed(old: Summary, new: Summary, commit: str | None) -> list[Change]:
 def baseline_changes(old: Baselines, new: Baselines,
                      commits: dict[PurePosixPath, str] | None = None) -> list[Change]:
     """Every committed baseline the pull request adds, removes or rewrites; `commits`: the
-    head's commit (SHA and author) that last changed each file, which the comment names as its
-    recorder rather than the name the file carries."""
+    head's commit (its SHA) that last changed each file, which the comment names beside the
+    pull request (never the name the file carries, nor git's author: both are the pull
+    request's word)."""
     changes = []
     for path in sorted(set(old) | set(new)):
         before, after = old.get(path), new.get(path)
@@ -130,10 +131,9 @@ def _yardstick(comparison: Comparison) -> list[Change]:
 def _accept(entry: Entry, new: Summary, commit: str | None, accepted: bool) -> None:
     """Accept a metric regression whose baseline the pull request re-records to what its run
     measures, where the acceptance is given; else say what is missing. `commit`: the head's
-    commit that re-recorded it (who, by git), else the name the file gives."""
-    by = commit or (new.recorded.by if new.recorded else None)
-    reason = f": {new.recorded.reason}" if new.recorded else ""
-    said = f" ({by}{reason})" if by else ""
+    commit that re-recorded it (its SHA)."""
+    reason = new.recorded.reason if new.recorded else ""
+    said = f" ({': '.join(filter(None, (commit, reason)))})" if commit or reason else ""
     if accepted:
         entry.accepted = True
         entry.note = f"accepted: the pull request re-records its baseline{said}"

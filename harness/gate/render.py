@@ -12,6 +12,9 @@ COMMENT_LIMIT characters, well under GitHub's 65,536.
 
 from __future__ import annotations
 
+import re
+import unicodedata
+
 from ..common.echo import spelled
 from ..common.units import format_bytes
 from ..judge.metrics import BYTES, METRICS, gated
@@ -26,6 +29,7 @@ from .compare import (
     Entry,
     MetricDelta,
 )
+from .identity import RENAMED
 from .policy import ACCEPT_LABEL, Change
 from .tolerance import SMALL_FRACTION, Tolerance
 
@@ -37,28 +41,61 @@ STATE_TITLES = {NEW: "🆕 New", REMOVED: "🗑️ Removed", FAILED: "💥 Faile
 BLOCKS = "▁▂▃▄▅▆▇█"
 
 
-# User text in the comment (reasons, notes, findings, values) is escaped where markdown or HTML
-# would act on it: a `<!--` in a reason would hide the rest of the comment, a `|` would break
-# its table, a newline its row.
-_MARKDOWN = str.maketrans({**{c: "\\" + c for c in "\\`<|[]"}, "\n": " ", "\r": " "})
+# What the pull request wrote (names, reasons, messages, values, error text) is data in every
+# rendering: on one line, with nothing invisible, and in the comment with nothing Markdown, HTML
+# or GitHub acts on. A `|` would forge a table's cells, a backtick close a code span early, a
+# `<!--` hide the rest of the comment, `[x](y)` make a link, `@name` ping someone, `:x:` draw an
+# emoji; a line break would end a row, a bidi override reorder it.
+_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
+_ESCAPED = frozenset("\\`<|[]*~&")  # `>` acts only after a `<` or at a line's start
+# A `_` between two letters or digits opens and closes nothing; any other may.
+_UNDERSCORE = re.compile(r"(?<![^\W_])_|_(?![^\W_])")
+# After `@` or `#` before a word (a mention, a reference), the first `:` of `:name:` (an
+# emoji) or of `://`, and `www` before its dot (a bare link).
+_AUTOLINK = re.compile(r"(?<=[@#])(?=\w)|(?<=:)(?=//|[\w+-]+:)|(?<=www)(?=\.)", re.I)
+_JOINER = "\u2060"  # WORD JOINER: invisible, and ends a mention, a reference or a link
+
+
+def plain(text: object) -> str:
+    """`text` on one line, as the terminal and JUnit show it: a line break reads as a space,
+    any other control or format character (an escape sequence, a bidi override, a zero-width
+    space) as its code point."""
+    return "".join(" " if c in _BREAKS else f"⟨U+{ord(c):04X}⟩"
+                   if unicodedata.category(c) in ("Cc", "Cf", "Co", "Cs") else c
+                   for c in str(text))
 
 
 def md(text: object) -> str:
-    """`text` as literal markdown: nothing in it formats, links, comments out or splits a row."""
-    return str(text).translate(_MARKDOWN)
+    """`text` as literal Markdown, in a table cell or a line: nothing in it formats, links,
+    mentions, comments out, or splits a cell or a row."""
+    shown = "".join("\\" + c if c in _ESCAPED else c for c in plain(text))
+    return _AUTOLINK.sub(_JOINER, _UNDERSCORE.sub(r"\\_", shown))
 
 
-def _esc(text: object, code: str) -> str:
-    """`text` escaped for the markdown comment (`code` is a backtick there), as is for text."""
-    return md(text) if code else str(text)
+def verbatim(text: object) -> str:
+    """`text` as inline code where a code span holds it as it is; escaped text where it would
+    close the span (a backtick) or split a table cell (a `|`)."""
+    shown = plain(text)
+    if not shown.strip() or "`" in shown or "|" in shown:
+        return md(shown)
+    return f"`{shown}`"
 
 
-def named(label: str, code: str = "`") -> str:
-    """A variant's label as code, with the code points of any character outside ASCII after
-    it, so two labels that look alike read apart."""
-    shown = spelled(label)
-    rest = shown[len(label):]
-    return f"{code}{label}{code}{_esc(rest, code)}"
+def _esc(text: object, markdown: str) -> str:
+    """`text` for the comment (`markdown` is a backtick there), else for the terminal."""
+    return md(text) if markdown else plain(text)
+
+
+def _code(text: object, markdown: str) -> str:
+    """A name (a finding's kind, an expectation, a holder) as code in the comment."""
+    return verbatim(text) if markdown else plain(text)
+
+
+def named(label: str, markdown: str = "`") -> str:
+    """A variant's label, as code in the comment, with the code points of any character outside
+    ASCII after it, so two labels that look alike read apart."""
+    rest = spelled(label)[len(label):]
+    return f"{verbatim(label)}{md(rest)}" if markdown else plain(label) + rest
 
 
 def format_value(metric: str, value: float, signed: bool = False) -> str:
@@ -204,7 +241,7 @@ def _policy_lines(comparison: Comparison, code: str = "`", most: int = 20) -> li
     changed = comparison.policy_changes
     if not changed or comparison.changes:  # `gate pr` lists them with the other changes
         return []
-    names = ", ".join(f"{named(e.label, code)} ({', '.join(p.name for p in e.policy)})"
+    names = ", ".join(f"{named(e.label, code)} ({', '.join(_esc(p.name, code) for p in e.policy)})"
                       for e in changed[:most])
     more = f" and {len(changed) - most} more" if len(changed) > most else ""
     return [f"⚠️ The head changes tolerances or expectations of {_count(changed)}: {names}{more}; "
@@ -221,47 +258,96 @@ def why_not(change: Change, accepted: bool) -> str:
     return ""
 
 
-def _recorded(change: Change, code: str = "") -> tuple[str, str]:
-    """Who recorded the change and why: the head's commit that made it (git's word, with its
-    SHA) where the gate knows it, else the name the baseline file gives; the file's reason."""
-    by = change.commit or (change.recorded.by if change.recorded else "")
-    reason = change.recorded.reason if change.recorded else ""
-    return _esc(by, code), _esc(reason, code)
+def _status(change: Change, comparison: Comparison) -> str:
+    """`accepted by @bob` where the event names who accepted, else the change's status."""
+    status = change.status(comparison.accepted)
+    actor = comparison.acceptance.actor if comparison.acceptance else ""
+    return f"accepted by @{actor}" if status == "accepted" and actor else status
+
+
+def _changed_in(change: Change, comparison: Comparison, markdown: str = "") -> str:
+    """Where the change was made: the pull request and its author as the event gives them, and
+    the head's commit that last changed the baseline file (a fact git gives; never its author,
+    which the pull request writes)."""
+    sha = _code(change.commit, markdown) if change.commit else ""
+    event = comparison.acceptance.event if comparison.acceptance else None
+    if event is None:
+        return sha
+    return f"#{event.number} by @{event.author}" + (f", {sha}" if sha else "")
+
+
+def _reason(change: Change, markdown: str = "") -> str:
+    return _esc(change.recorded.reason, markdown) if change.recorded else ""
+
+
+def _renamed(comparison: Comparison) -> list[Change]:
+    return [c for c in comparison.changes if c.what == RENAMED]
+
+
+def _judged(comparison: Comparison) -> list[tuple[Change, str]]:
+    """The changes other than renames, each with why it fails the check ("" when it passes)."""
+    return [(c, why_not(c, comparison.accepted)) for c in comparison.changes
+            if c.what != RENAMED]
+
+
+def acceptance_lines(comparison: Comparison, markdown: str = "`") -> list[str]:
+    """What the comment says of identities and of the label: that a local run has no event,
+    who accepted this commit, or that the label was given for another commit."""
+    acceptance = comparison.acceptance
+    if acceptance is None:
+        return []
+    event = acceptance.event
+    if event is None:
+        return ["no pull-request event: identities unknown, acceptance from --accept"]
+    label, this = _code(ACCEPT_LABEL, markdown), _code(event.head[:12], markdown)
+    if acceptance.accepted:
+        return [f"✅ accepted by @{acceptance.actor} for this commit {this} (the {label} label)"]
+    if event.labelled and acceptance.actor:
+        given = (_code(acceptance.given_for[:12], markdown) if acceptance.given_for
+                 else "no measured commit")
+        return [f"⚠️ the {label} label was applied by @{acceptance.actor} for {given}, not for "
+                f"this commit {this}: apply it again"]
+    return []
 
 
 def _change_lines(comparison: Comparison) -> list[str]:
-    """The yardstick's changes as text: those that fail the check, then those accepted."""
-    failing = [(c, why_not(c, comparison.accepted)) for c in comparison.changes]
-    lines = [f"rejected change: {named(c.label, '')} {c.what} {c.old} -> {c.new}: {why}"
-             for c, why in failing if why]
-    for change, why in failing:
+    """The yardstick's changes as text: renames, those that fail the check, then those that
+    pass."""
+    changes = _judged(comparison)
+    lines = [f"renamed: {plain(c.old)} -> {plain(c.new)}" for c in _renamed(comparison)]
+    lines += [f"rejected change: {named(c.label, '')} {plain(c.what)} {plain(c.old)} -> "
+              f"{plain(c.new)}: {plain(why)}" for c, why in changes if why]
+    for change, why in changes:
         if not why:
-            by, reason = _recorded(change)
-            said = f" (recorded by {by}: {reason})" if by else ""
-            lines.append(f"{change.status(comparison.accepted)} change: {named(change.label, '')} "
-                         f"{change.what} {change.old} -> {change.new}{said}")
+            where, reason = _changed_in(change, comparison), _reason(change)
+            said = f" (changed in {where}{': ' + reason if reason else ''})" if where else ""
+            lines.append(f"{_status(change, comparison)} change: {named(change.label, '')} "
+                         f"{plain(change.what)} {plain(change.old)} -> {plain(change.new)}{said}")
     return lines
 
 
 def _change_sections(comparison: Comparison) -> list[tuple[list[str], list[str], list[str]]]:
-    """Markdown: the changes that fail the check, then the accepted ones (old -> new, who
-    recorded them and why)."""
+    """Markdown: the renamed variants, the changes that fail the check, then those that pass
+    (old -> new, where they were made and why)."""
     sections = []
-    failing = [(c, why) for c in comparison.changes if (why := why_not(c, comparison.accepted))]
-    if failing:
+    if renamed := _renamed(comparison):
+        sections.append((["#### ↪️ Renamed variants (each judged by its old baseline)", "",
+                          "| old name | new name |", "|---|---|"],
+                         [f"| {verbatim(c.old)} | {verbatim(c.new)} |" for c in renamed], [""]))
+    changes = _judged(comparison)
+    columns = lambda c: (f"| {named(c.label)} | {md(c.what)} | {md(c.old)} | {md(c.new)} |")
+    origin = lambda c: f"{_changed_in(c, comparison, '`')} | {_reason(c, '`')} |"
+    if failing := [(c, why) for c, why in changes if why]:
         sections.append((["#### ⛔ Changes to the yardstick that fail the check", "",
-                          "| variant | what | old | new | why | recorded by | reason |",
+                          "| variant | what | old | new | why | changed in | reason |",
                           "|---|---|--:|--:|---|---|---|"],
-                         [f"| {named(c.label)} | {md(c.what)} | {md(c.old)} | {md(c.new)} | "
-                          f"{md(why) if c.refused else why} | {' | '.join(_recorded(c, '`'))} |"
+                         [f"{columns(c)} {md(why) if c.refused else why} | {origin(c)}"
                           for c, why in failing], [""]))
-    passing = [c for c in comparison.changes if not why_not(c, comparison.accepted)]
-    if passing:
-        sections.append((["#### ✅ Accepted changes", "",
-                          "| variant | what | old | new | status | recorded by | reason |",
+    if passing := [c for c, why in changes if not why]:
+        sections.append((["#### ✅ Changes that pass the check", "",
+                          "| variant | what | old | new | status | changed in | reason |",
                           "|---|---|--:|--:|---|---|---|"],
-                         [f"| {named(c.label)} | {md(c.what)} | {md(c.old)} | {md(c.new)} | "
-                          f"{c.status(comparison.accepted)} | {' | '.join(_recorded(c, '`'))} |"
+                         [f"{columns(c)} {_status(c, comparison)} | {origin(c)}"
                           for c in passing], [""]))
     return sections
 
@@ -278,13 +364,13 @@ def findings(entry: Entry) -> list[dict]:
     return sorted(found, key=lambda f: not f["new"])
 
 
-def _as_code(name: str, text: str, code: str) -> str:
+def _as_code(name: str, text: str, markdown: str) -> str:
     """`text` with the holder `name` in it as code where it can be (a name from the server's
-    code holding a backtick or a line break is escaped as text instead)."""
-    if not code or code in name or "\n" in name:
-        return _esc(text, code)
+    code that a code span cannot hold is escaped as text instead)."""
+    if not markdown or not verbatim(name).startswith("`") or name not in text:
+        return _esc(text, markdown)
     head, _, tail = text.partition(name)
-    return f"{_esc(head, code)}{code}{name}{code}{_esc(tail, code)}"
+    return f"{md(head)}{verbatim(name)}{md(tail)}"
 
 
 def _grown(entry: Entry) -> Holder | None:
@@ -309,7 +395,7 @@ def failed_expectations(entry: Entry) -> list[dict]:
 def reasons(entry: Entry, code: str = "`") -> list[str]:
     """Why a variant regressed, in its head run's own words."""
     lines = [_esc(entry.note, code)] if entry.note and entry.failure is None else []
-    lines += [f"finding {code}{_esc(f['kind'], code)}{code}{' (new)' if f['new'] else ''}: "
+    lines += [f"finding {_code(f['kind'], code)}{' (new)' if f['new'] else ''}: "
               f"{_esc(f['message'], code)}"
               + (f"; {_as_code(f['holder'], f['held_by'], code)}" if f["held_by"] else "")
               for f in findings(entry)]
@@ -317,7 +403,7 @@ def reasons(entry: Entry, code: str = "`") -> list[str]:
     if grown is not None:
         lines.append(f"grew most at rest: {_as_code(grown.holder, grown.holder, code)} "
                      f"(+{format_bytes(grown.bytes)} since the base)")
-    lines += [f"expectation {code}{_esc(e['name'], code)}{code} fails: expected "
+    lines += [f"expectation {_code(e['name'], code)} fails: expected "
               f"{_esc(e['expected'], code)}, got {_esc(e['actual'], code)}"
               + (" (it held in the base)" if e["held_in_base"] else "")
               for e in failed_expectations(entry)]
@@ -338,17 +424,17 @@ def _explained(comparison: Comparison) -> list[Entry]:
 
 
 def render_text(comparison: Comparison) -> str:
-    lines = [headline(comparison), *_policy_lines(comparison, code="")]
-    lines += [f"note: {n}" for n in comparison.notes]
+    lines = [plain(headline(comparison)), *_policy_lines(comparison, code="")]
+    lines += [f"note: {plain(n)}" for n in acceptance_lines(comparison, "") + comparison.notes]
     for entry, d in _changed_rows(comparison):
         base, head = format_pair(d)
         verdict = "accepted" if _accepted(entry, d) else d.verdict
-        lines.append(f"  {verdict:<11} {entry.label:<40} {d.metric:<14} {base:>12} -> "
+        lines.append(f"  {verdict:<11} {named(entry.label, ''):<40} {d.metric:<14} {base:>12} -> "
                      f"{head:>12}  {format_value(d.metric, d.delta, True)} ({format_percent(d)})"
                      f"  tolerance {format_tolerance(d.metric, d.tolerance)}")
     url = comparison.artifact_url
     for entry in _explained(comparison):
-        lines.append(f"  why {entry.label}:")
+        lines.append(f"  why {named(entry.label, '')}:")
         lines += [f"    {line}" for line in reasons(entry, code="")
                   + ([f"plots: {url}"] if url else [])]
     if url and not _explained(comparison):
@@ -365,16 +451,24 @@ def _spark_rows(entry: Entry, width: int) -> list[str]:
         return []
     lo, hi = min(min(s) for s in series), max(max(s) for s in series)
     return [f"{label:<{width}} {side} {sparkline(s, lo, hi)} max {format_bytes(max(s))}"
-            for label, side, s in ((entry.label, "base", series[0]), ("", "head", series[1]))]
+            for label, side, s in ((plain(entry.label), "base", series[0]),
+                                   ("", "head", series[1]))]
+
+
+def _fence(lines: list[str]) -> str:
+    """A code fence longer than any run of backticks in `lines`, which cannot close it."""
+    longest = max((len(run) for line in lines for run in re.findall("`+", line)), default=0)
+    return "`" * max(3, longest + 1)
 
 
 def render_markdown(comparison: Comparison, limit: int = COMMENT_LIMIT) -> str:
     changed = _changed_rows(comparison)
     sections: list[tuple[list[str], list[str], list[str]]] = [
         ([MARKER, f"### {md(headline(comparison))}", ""]
-         + [f"> {line}" for line in _policy_lines(comparison)]
+         + [f"> {line}" for line in acceptance_lines(comparison) + _policy_lines(comparison)]
          + [f"> ⚠️ {md(n)}" for n in comparison.notes]
-         + ([""] if comparison.notes or comparison.policy_changes else []), [], [])]
+         + ([""] if comparison.notes or comparison.policy_changes or comparison.acceptance
+            else []), [], [])]
     if changed:
         sections.append((["| | variant | metric | base | head | Δ | Δ % | tolerance |",
                           "|:-:|---|---|--:|--:|--:|--:|--:|"],
@@ -399,11 +493,12 @@ def render_markdown(comparison: Comparison, limit: int = COMMENT_LIMIT) -> str:
     if states:
         sections.append(([], [f"- {line}" for line in states], [""]))
     sparked = {e.label: e for e, _ in changed}
-    width = max((len(label) for label in sparked), default=0)
+    width = max((len(plain(label)) for label in sparked), default=0)
     sparks = [line for e in sparked.values() for line in _spark_rows(e, width)]
     if sparks:
-        sections.append((["Active memory per step, base vs head on one scale:", "```text"],
-                         sparks, ["```", ""]))
+        fence = _fence(sparks)
+        sections.append((["Active memory per step, base vs head on one scale:", f"{fence}text"],
+                         sparks, [fence, ""]))
     rest = [e for e in comparison.having(COMPARED) if not e.changed and e.failure is None]
     if rest:
         names = gated()
