@@ -126,7 +126,7 @@ def pull_request(args: argparse.Namespace, console: Console) -> int:
     comment, which says which, crashes included). A local run judges what it wrote as CI judges
     the measurement's reports, with the same statuses; `--event` names who's who and decides
     the acceptance as CI does."""
-    from ..gate import event, git, identity, pr
+    from ..gate import event, git, identity, pr, rejudge
 
     top = git.toplevel(Path.cwd())
     sha = git.commit(args.base, top)
@@ -137,7 +137,7 @@ def pull_request(args: argparse.Namespace, console: Console) -> int:
     folder = PurePosixPath(root.relative_to(top).as_posix())
     paths = args.paths or [str(options.DEFAULT_SCENARIOS)]
     backend = args.backend or _this_backend()
-    head, crashed = _head_runs(args, paths)
+    head, crashed, rewritten = _head_runs(args, paths)
     on = [s for s in head if s.backend == backend]
     ordered = sorted({s.scenario for s in on if s.model and s.model.ordered})
     notes = [f"{name}: open-loop traffic gated as an ordered replay, arrival times ignored "
@@ -160,6 +160,7 @@ def pull_request(args: argparse.Namespace, console: Console) -> int:
                    if path not in old or path not in new or old[path].to_json() != new[path].to_json()}
         comparison = pr.judge(comparison, old, new, acceptance.accepted, defined, commits,
                               (rel, abs_))
+        rejudge.refuse(comparison, rewritten)
     comparison.notes += notes
     comparison.acceptance = acceptance
     comparison.artifact_url = args.artifact_url or os.environ.get("KVMEM_ARTIFACT_URL") or None
@@ -195,27 +196,34 @@ def _this_backend() -> str:
     return backend()
 
 
-def _head_runs(args: argparse.Namespace, paths: list[str]) -> tuple[list[Summary], str | None]:
-    """The head's summaries, read `--from` reports or run here; a head that cannot even start
-    (a scenario refused, a component that crashes on import) gives none and its error, so that
-    the comment still says what happened."""
+def _head_runs(args: argparse.Namespace, paths: list[str]
+               ) -> tuple[list[Summary], str | None, dict[tuple[str, str], str]]:
+    """The head's summaries, read `--from` reports or run here, each recomputed from its rows
+    by the judge (harness.gate.rejudge), with why each summary its rows contradict fails; a head
+    that cannot even start (a scenario refused, a component that crashes on import) gives none
+    and its error, so that the comment still says what happened."""
+    from ..gate import rejudge
+
     errors = options.errors()
     try:
         if args.source:
-            return options.summaries([args.source]), None
+            again = rejudge.from_reports(options.summaries([args.source]), paths)
+            return again.summaries, None, again.refused
         variants = options.as_gated(options.variants(paths, console=errors))
     except BadInput as exc:
         if args.source:
             raise
         errors.print(f"error: {escape(str(exc))}", highlight=False)
-        return [], str(exc)
+        return [], str(exc), {}
     from ..run.suite import run_variants
 
     head = run_variants(variants, Path(args.reports), errors, jobs=args.jobs)
     errors.print(term.results(head))
     term.failures(errors, head)
     # Judged from the files the run wrote, read as `--from` reads them (CI judges those).
-    return [read_summary(s.path) if s.path.is_file() else s for s in head], None
+    again = rejudge.from_reports([read_summary(s.path) if s.path.is_file() else s
+                                  for s in head], paths)
+    return again.summaries, None, again.refused
 
 
 def _base_definitions(baselines: dict, sha: str, top: Path, notes: list[str]) -> dict:

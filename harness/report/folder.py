@@ -28,8 +28,11 @@ if TYPE_CHECKING:
     import pandas as pd
 
 LOCK_NAME = ".kvmem.lock"
+SAMPLES = "samples.csv"
 REQUESTS = "requests.csv"
 HOLDERS = "holders.csv"
+# holders.csv's columns of text: read as written, an empty path or a holder named `NA` too.
+_TEXT = ("holder", "path", "root")
 
 
 class ReportError(BadInput):
@@ -86,7 +89,7 @@ def write_variant(out: Path, frame: pd.DataFrame, summary: Summary,
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.new."))
     try:
-        frame.to_csv(staging / "samples.csv", index=False)
+        frame.to_csv(staging / SAMPLES, index=False)
         if requests is not None and not requests.empty:
             requests.to_csv(staging / REQUESTS, index=False)
         if holders is not None and not holders.empty:
@@ -120,3 +123,43 @@ def swap_into_place(staging: Path, out: Path) -> None:
         raise
     finally:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def read_rows(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A variant's samples and holders as its run judged them, read back from samples.csv and
+    holders.csv (empty where the run walked none): phases as the probe's categories, `time`
+    in the float32 the probe kept (samples.csv holds each value's shortest decimal, which
+    reads back to the same float32). Missing or unreadable rows are bad input naming the
+    file."""
+    import pandas as pd
+
+    from ..agent.kvmem_agent import PHASES
+
+    samples = _csv(folder / SAMPLES, required=True)
+    if not samples.empty:
+        unknown = sorted(set(samples["phase"].astype(str)) - set(PHASES)) \
+            if "phase" in samples else ["(none)"]
+        others = [c for c in samples.columns if c != "phase"
+                  and not pd.api.types.is_numeric_dtype(samples[c])]
+        if unknown or others:
+            what = f"phase {unknown[0]!r}" if unknown else f"column {others[0]!r} is not numeric"
+            raise ReportError(f"{folder / SAMPLES}: unreadable rows ({what})")
+        samples["phase"] = pd.Categorical(samples["phase"], categories=PHASES)
+        if "time" in samples:
+            samples["time"] = samples["time"].astype("float32")
+    return samples, _csv(folder / HOLDERS, required=False)
+
+
+def _csv(path: Path, required: bool) -> pd.DataFrame:
+    """One CSV of a report folder; where it is missing, bad input if `required` else empty."""
+    import pandas as pd
+
+    try:
+        return pd.read_csv(path, dtype={name: str for name in _TEXT}, keep_default_na=False)
+    except FileNotFoundError:
+        if required:
+            raise ReportError(f"{path}: missing: the report has no rows to judge") from None
+        return pd.DataFrame()
+    except (OSError, ValueError) as exc:  # pandas' parser and empty-file errors among them
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ReportError(f"{path}: unreadable rows ({reason})") from None

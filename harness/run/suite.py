@@ -32,12 +32,10 @@ import pandas as pd
 from rich.console import Console
 from rich.progress import Progress, TaskID
 
-from ..judge.detectors import detect
-from ..judge.expect import check, graded
-from ..judge.holders import largest, named
-from ..judge.metrics import RunFacts, Samples, figures, recorded
+from ..judge.metrics import RunFacts
 from ..judge.records import Finding
 from ..judge.summary import SCHEMA, Environment, Series, Summary
+from ..judge.verdict import judge
 from ..report import folder as report
 from ..report.console import progress_bars, warn
 from ..report.plots import plot_overlay, series
@@ -123,30 +121,25 @@ def summarize(outcome: RunOutcome, environment: dict[str, Any],
     holders = holders_frame(outcome.holders)
     # An interrupted run is judged on what it sampled, as a shorter run would be; it never passes.
     served = outcome.status in ("ok", INTERRUPTED) and not frame.empty
-    findings = (named(detect(frame, spec.detect, environment["backend"]), holders, frame)
-                if served else [])
     weights = outcome.model.weights if outcome.model is not None else None
-    values = figures(Samples(frame if served else None, findings, spec.detect,
-                             RunFacts(outcome.wall_s, outcome.estimate, weights)))
-    expectations = check(spec.expect, findings, values) if served else []
-    findings = graded(findings, spec.expect)
+    verdict = judge(frame if served else None, holders, spec.detect, spec.expect,
+                    RunFacts(outcome.wall_s, outcome.estimate, weights), environment["backend"])
     optional: dict[str, Any] = {"peak_resets": outcome.resets or None,
                                 "store_stats": outcome.store_stats, "model": outcome.model,
-                                "holders": largest(holders, frame) if served else None}
+                                "holders": verdict.holders}
     summary = Summary(
         schema=SCHEMA, scenario=spec.name, variant=outcome.variant.name,
         scenario_file=str(outcome.variant.path), description=spec.description,
         status=outcome.status, error=outcome.error, exit_status=outcome.exit_status,
-        last_step=outcome.last_step, metrics=recorded(values), findings=findings,
-        expectations=expectations,
-        passed=served and outcome.status == "ok" and all(e.ok for e in expectations),
+        last_step=outcome.last_step, metrics=verdict.metrics, findings=verdict.findings,
+        expectations=verdict.expectations, passed=verdict.held and outcome.status == "ok",
         compare=spec.expect.compare,
         # Every detector's thresholds as applied: the gate sees a pull request that moves one.
         detect=spec.detect.model_dump(mode="json"),
         series=Series(active=series(frame)),
         environment=_environment(environment, outcome),
         **{name: value for name, value in optional.items() if value is not None})
-    return frame, findings, summary.at(out / spec.name / outcome.variant.name / "summary.json")
+    return frame, verdict.findings, summary.at(out / spec.name / outcome.variant.name / "summary.json")
 
 
 def run_variants(variants: list[Variant], out: Path, console: Console | None = None,
