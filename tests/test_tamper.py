@@ -17,12 +17,14 @@ import pytest
 from harness.run import probe as probe_module
 from harness.run.probe import BOUND, CounterReplaced, Probe
 from harness.run.rows import Rows
+from tests.test_gate_pr import branch, commit, edit, gate, recorded  # noqa: F401 (fixtures)
 
 SPIKE = 1 << 22  # 4 MiB of float32, freed within the step that made it
 SCALAR = 4  # mx.zeros allocates the float32 it broadcasts as well
 
 # Layer caches that tamper in their update, the measured code's hottest path.
 TAMPER = """\
+import os
 import subprocess
 import sys
 import time
@@ -32,6 +34,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 HERE = Path(__file__).parent
+FORGED = "reports/tamper/detaches/summary.json"
 # Started once, in its own session, it forks again and its parent exits: init, or kvmem as
 # the subreaper, adopts it. It notes its pid, sleeps, then forges the variant's summary.
 FORGER = '''
@@ -59,7 +62,7 @@ class Resets(Clean):
         mx.eval(spike)
         del spike
         mx.reset_peak_memory()
-        count = HERE / "resets.count"
+        count = HERE / f"resets-{os.getpid()}.count"  # one a variant's process
         count.write_text(str(int(count.read_text()) + 1 if count.exists() else 1))
         return super().update_and_fetch(keys, values)
 
@@ -76,7 +79,7 @@ class Detaches(Clean):
     def update_and_fetch(self, keys, values):
         if not Detaches.started:
             Detaches.started = True
-            target = HERE / "reports" / "tamper" / "detaches" / "summary.json"
+            target = HERE / FORGED
             noted = HERE / "forger.pid"
             subprocess.Popen([sys.executable, "-c", FORGER, str(noted), str(target)],
                              start_new_session=True)
@@ -178,7 +181,8 @@ def test_in_a_variant_a_reset_is_counted_and_each_step_keeps_its_spike(repositor
     root, _ = repository
     resets = summary(root, "resets")
     assert (resets["status"], resets["passed"]) == ("ok", True)
-    assert resets["peak_resets"] == int((root / "resets.count").read_text()) > 0
+    (count,) = root.glob("resets-*.count")
+    assert resets["peak_resets"] == int(count.read_text()) > 0
     steps = pd.read_csv(root / "reports" / "tamper" / "resets" / "samples.csv")
     served = steps[steps["phase"].isin(["prefill", "decode"])]
     assert len(served) > 0 and (served["peak"] >= SPIKE).all()
@@ -207,3 +211,27 @@ def test_a_process_the_variant_left_running_is_killed_and_fails_it(repository) -
         f"the variant's process left 1 process(es) running after it ended, killed by kvmem: "
         f"pid {pid} ({sys.executable} -c ")
     assert summary(root, "clean")["status"] == "ok"
+
+
+@pytest.mark.parametrize(("cache", "failure"), [
+    ("Resets", None),
+    ("Rebinds", "failed: the probe's counters were rebound by the measured code: BOUND.active "
+                "is now tamper.nothing"),
+    ("Detaches", "failed: the variant's process left 1 process(es) running after it ended, "
+                 "killed by kvmem: pid "),
+])
+def test_the_gate_fails_a_branch_whose_cache_tampers(branch, cache, failure) -> None:  # noqa: F811
+    """A reset hides no spike from the gate (each update's 4 MiB is a peak regression), and a
+    rebinding or a process left running fails each variant."""
+    Path("tamper.py").write_text(TAMPER.replace("reports/tamper/detaches",
+                                                "reports-pr/gate_pr/after"))
+    edit("layer: {component: mlx_lm.KVCache}", f'layer: {{component: "tamper:{cache}"}}')
+    commit(f"a layer cache that tampers: {cache}")
+    code, _, result = gate()
+    assert result["verdict"] == "regression" and code != 0
+    if failure is None:
+        peaks = [e["metrics"]["peak"] for e in result["entries"]]
+        assert all(p["head"] >= SPIKE > p["base"] and p["verdict"] == "regression"
+                   for p in peaks), peaks
+    else:
+        assert all(e["failure"].startswith(failure) for e in result["entries"]), result

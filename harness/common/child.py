@@ -16,9 +16,10 @@ packages and MLX come from their installation, and only then is the directory pu
 user's `module:Class` paths. A repository's own `harness/` or `reference_impl/` is never imported
 in their place, and a component cannot replace MLX before kvmem's probe has bound its counters.
 
-Nothing a child starts outlives it: on Linux kvmem's process is a child subreaper
-(`PR_SET_CHILD_SUBREAPER`), so a process the child left behind comes back to kvmem however it
-detached (its own session, a double fork) rather than to init; elsewhere the child's descendants
+Nothing a child starts outlives it: on Linux kvmem's process and each child are child
+subreapers (`PR_SET_CHILD_SUBREAPER`), so a process the child left behind comes back to the
+child, then to kvmem when the child ends, however it detached (its own session, a double fork),
+rather than to init or to another child running beside it; elsewhere the child's descendants
 are listed as it ends. Once the child has gone, each of those still alive after `LEFT_GRACE`
 seconds is killed, with its descendants, and named in `Child.survivors`: a process that could
 rewrite what kvmem writes next is gone before kvmem writes it.
@@ -182,6 +183,7 @@ def _run(parent: int, target: Callable[..., object], args: tuple, pipe: Connecti
     the parent's sys.path (`path`, with the working directory) and `PYTHONSAFEPATH` back."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent(parent)
+    _subreaper()  # what it leaves behind comes back to it, then to kvmem: never to another child
     import_first()
     sys.path = path
     _set_safe_path(safe)
