@@ -16,8 +16,10 @@ from datetime import datetime, timezone
 
 from ..judge.summary import Noise
 from .compare import COMPARED, FAILED, Comparison, Entry, MetricDelta
+from .escape import plain
 from .event import Acceptance
 from .identity import RENAMED
+from .listing import why_not
 from .policy import Change
 from .render import (
     failed_expectations,
@@ -27,12 +29,10 @@ from .render import (
     format_tolerance,
     format_value,
     headline,
-    plain,
     reasons,
     render_markdown,
     render_text,
     tolerance_source,
-    why_not,
 )
 
 JSON_SCHEMA = 1  # the version of render_json's layout; bumped when a field changes meaning
@@ -116,8 +116,8 @@ def render_junit(comparison: Comparison) -> str:
     for entry in comparison.entries:
         case = ET.Element("testcase", name=plain(entry.variant),
                           classname=f"kvmem.{plain(entry.scenario)}", time=f"{_seconds(entry):.3f}")
+        note = plain(entry.note)
         if entry.verdict == "regression" and entry.state == FAILED:
-            note = plain(entry.note)
             ET.SubElement(case, "error", message=note, type="run-failed").text = note
         elif entry.verdict == "regression":
             details = [f"{d.metric}: {' -> '.join(format_pair(d))} "
@@ -126,11 +126,10 @@ def render_junit(comparison: Comparison) -> str:
             text = details + reasons(entry, code="")
             if comparison.artifact_url:
                 text.append(f"plots: {comparison.artifact_url}")
-            message = "; ".join(details) or plain(entry.failure or entry.note)
-            ET.SubElement(case, "failure", message=message,
-                          type="memory-regression").text = "\n".join(text)
+            message = "; ".join(details) or plain(entry.failure or note)
+            ET.SubElement(case, "failure", message=message, type="memory-regression").text = "\n".join(text)
         elif entry.state != COMPARED:
-            ET.SubElement(case, "skipped", message=f"{entry.state}: {plain(entry.note)}".rstrip(": "))
+            ET.SubElement(case, "skipped", message=f"{entry.state}: {note}".rstrip(": "))
         cases.append(case)
     rejected = [plain(f"{c.label} {c.what} {c.old} -> {c.new}: {why_not(c, comparison.accepted)}")
                 for c in comparison.rejected]

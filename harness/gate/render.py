@@ -13,9 +13,7 @@ COMMENT_LIMIT characters, well under GitHub's 65,536.
 from __future__ import annotations
 
 import re
-import unicodedata
 
-from ..common.echo import spelled
 from ..common.units import format_bytes
 from ..judge.metrics import BYTES, METRICS, gated
 from ..judge.records import Holder
@@ -29,8 +27,8 @@ from .compare import (
     Entry,
     MetricDelta,
 )
-from .identity import RENAMED
-from .policy import ACCEPT_LABEL, Change
+from .escape import as_name, esc, md, named, plain, verbatim
+from .listing import acceptance_lines, change_lines, change_sections
 from .tolerance import SMALL_FRACTION, Tolerance
 
 MARKER = "<!-- kvmem-memory-delta -->"
@@ -39,63 +37,6 @@ ICONS = {"regression": "🔴", "improvement": "🟢", "unchanged": "⚪"}
 STATE_TITLES = {NEW: "🆕 New", REMOVED: "🗑️ Removed", FAILED: "💥 Failed",
                 INCOMPARABLE: "⛔ Not compared"}
 BLOCKS = "▁▂▃▄▅▆▇█"
-
-
-# What the pull request wrote (names, reasons, messages, values, error text) is data in every
-# rendering: on one line, with nothing invisible, and in the comment with nothing Markdown, HTML
-# or GitHub acts on. A `|` would forge a table's cells, a backtick close a code span early, a
-# `<!--` hide the rest of the comment, `[x](y)` make a link, `@name` ping someone, `:x:` draw an
-# emoji; a line break would end a row, a bidi override reorder it.
-_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
-_ESCAPED = frozenset("\\`<|[]*~&")  # `>` acts only after a `<` or at a line's start
-# A `_` between two letters or digits opens and closes nothing; any other may.
-_UNDERSCORE = re.compile(r"(?<![^\W_])_|_(?![^\W_])")
-# After `@` or `#` before a word (a mention, a reference), the first `:` of `:name:` (an
-# emoji) or of `://`, and `www` before its dot (a bare link).
-_AUTOLINK = re.compile(r"(?<=[@#])(?=\w)|(?<=:)(?=//|[\w+-]+:)|(?<=www)(?=\.)", re.I)
-_JOINER = "\u2060"  # WORD JOINER: invisible, and ends a mention, a reference or a link
-
-
-def plain(text: object) -> str:
-    """`text` on one line, as the terminal and JUnit show it: a line break reads as a space,
-    any other control or format character (an escape sequence, a bidi override, a zero-width
-    space) as its code point."""
-    return "".join(" " if c in _BREAKS else f"⟨U+{ord(c):04X}⟩"
-                   if unicodedata.category(c) in ("Cc", "Cf", "Co", "Cs") else c
-                   for c in str(text))
-
-
-def md(text: object) -> str:
-    """`text` as literal Markdown, in a table cell or a line: nothing in it formats, links,
-    mentions, comments out, or splits a cell or a row."""
-    shown = "".join("\\" + c if c in _ESCAPED else c for c in plain(text))
-    return _AUTOLINK.sub(_JOINER, _UNDERSCORE.sub(r"\\_", shown))
-
-
-def verbatim(text: object) -> str:
-    """`text` as inline code where a code span holds it as it is; escaped text where it would
-    close the span (a backtick) or split a table cell (a `|`)."""
-    shown = plain(text)
-    if not shown.strip() or "`" in shown or "|" in shown:
-        return md(shown)
-    return f"`{shown}`"
-
-
-def _esc(text: object, markdown: str) -> str:
-    """`text` for the comment (`markdown` is a backtick there), else for the terminal."""
-    return md(text) if markdown else plain(text)
-
-
-def _code(text: object, markdown: str) -> str:
-    """A name (a finding's kind, an expectation, a holder) as code in the comment."""
-    return verbatim(text) if markdown else plain(text)
-
-
-def named(label: str, markdown: str = "`") -> str:
-    """A variant's label, as code in the comment, with the code points of any character outside
-    ASCII after it, so two labels that look alike read apart."""
-    rest = spelled(label)[len(label):]
-    return f"{verbatim(label)}{md(rest)}" if markdown else plain(label) + rest
 
 
 def format_value(metric: str, value: float, signed: bool = False) -> str:
@@ -210,7 +151,7 @@ def _changed_rows(comparison: Comparison) -> list[tuple[Entry, MetricDelta]]:
 def _stated_entry(entry: Entry, code: str) -> str:
     """A variant's label, and why it is in its state where that is known."""
     why = entry.refusal or entry.note
-    return named(entry.label, code) + (f" ({_esc(why, code)})" if why else "")
+    return named(entry.label, code) + (f" ({esc(why, code)})" if why else "")
 
 
 def _state_lines(comparison: Comparison, code: str = "`", most: int = 20) -> list[str]:
@@ -241,115 +182,11 @@ def _policy_lines(comparison: Comparison, code: str = "`", most: int = 20) -> li
     changed = comparison.policy_changes
     if not changed or comparison.changes:  # `gate pr` lists them with the other changes
         return []
-    names = ", ".join(f"{named(e.label, code)} ({', '.join(_esc(p.name, code) for p in e.policy)})"
+    names = ", ".join(f"{named(e.label, code)} ({', '.join(esc(p.name, code) for p in e.policy)})"
                       for e in changed[:most])
     more = f" and {len(changed) - most} more" if len(changed) > most else ""
     return [f"⚠️ The head changes tolerances or expectations of {_count(changed)}: {names}{more}; "
             "the base's apply"]
-
-
-def why_not(change: Change, accepted: bool) -> str:
-    """Why a change fails the check, or "" when it passes."""
-    status = change.status(accepted)
-    if status == "refused":
-        return f"refused: {change.refused}"
-    if status == "needs acceptance":
-        return f"loosens the check: needs the `{ACCEPT_LABEL}` label"
-    return ""
-
-
-def _status(change: Change, comparison: Comparison) -> str:
-    """`accepted by @bob` where the event names who accepted, else the change's status."""
-    status = change.status(comparison.accepted)
-    actor = comparison.acceptance.actor if comparison.acceptance else ""
-    return f"accepted by @{actor}" if status == "accepted" and actor else status
-
-
-def _changed_in(change: Change, comparison: Comparison, markdown: str = "") -> str:
-    """Where the change was made: the pull request and its author as the event gives them, and
-    the head's commit that last changed the baseline file (a fact git gives; never its author,
-    which the pull request writes)."""
-    sha = _code(change.commit, markdown) if change.commit else ""
-    event = comparison.acceptance.event if comparison.acceptance else None
-    if event is None:
-        return sha
-    return f"#{event.number} by @{event.author}" + (f", {sha}" if sha else "")
-
-
-def _reason(change: Change, markdown: str = "") -> str:
-    return _esc(change.recorded.reason, markdown) if change.recorded else ""
-
-
-def _renamed(comparison: Comparison) -> list[Change]:
-    return [c for c in comparison.changes if c.what == RENAMED]
-
-
-def _judged(comparison: Comparison) -> list[tuple[Change, str]]:
-    """The changes other than renames, each with why it fails the check ("" when it passes)."""
-    return [(c, why_not(c, comparison.accepted)) for c in comparison.changes
-            if c.what != RENAMED]
-
-
-def acceptance_lines(comparison: Comparison, markdown: str = "`") -> list[str]:
-    """What the comment says of identities and of the label: that a local run has no event,
-    who accepted this commit, or that the label was given for another commit."""
-    acceptance = comparison.acceptance
-    if acceptance is None:
-        return []
-    event = acceptance.event
-    if event is None:
-        return ["no pull-request event: identities unknown, acceptance from --accept"]
-    label, this = _code(ACCEPT_LABEL, markdown), _code(event.head[:12], markdown)
-    if acceptance.accepted:
-        return [f"✅ accepted by @{acceptance.actor} for this commit {this} (the {label} label)"]
-    if event.labelled and acceptance.actor:
-        given = (_code(acceptance.given_for[:12], markdown) if acceptance.given_for
-                 else "no measured commit")
-        return [f"⚠️ the {label} label was applied by @{acceptance.actor} for {given}, not for "
-                f"this commit {this}: apply it again"]
-    return []
-
-
-def _change_lines(comparison: Comparison) -> list[str]:
-    """The yardstick's changes as text: renames, those that fail the check, then those that
-    pass."""
-    changes = _judged(comparison)
-    lines = [f"renamed: {plain(c.old)} -> {plain(c.new)}" for c in _renamed(comparison)]
-    lines += [f"rejected change: {named(c.label, '')} {plain(c.what)} {plain(c.old)} -> "
-              f"{plain(c.new)}: {plain(why)}" for c, why in changes if why]
-    for change, why in changes:
-        if not why:
-            where, reason = _changed_in(change, comparison), _reason(change)
-            said = f" (changed in {where}{': ' + reason if reason else ''})" if where else ""
-            lines.append(f"{_status(change, comparison)} change: {named(change.label, '')} "
-                         f"{plain(change.what)} {plain(change.old)} -> {plain(change.new)}{said}")
-    return lines
-
-
-def _change_sections(comparison: Comparison) -> list[tuple[list[str], list[str], list[str]]]:
-    """Markdown: the renamed variants, the changes that fail the check, then those that pass
-    (old -> new, where they were made and why)."""
-    sections = []
-    if renamed := _renamed(comparison):
-        sections.append((["#### ↪️ Renamed variants (each judged by its old baseline)", "",
-                          "| old name | new name |", "|---|---|"],
-                         [f"| {verbatim(c.old)} | {verbatim(c.new)} |" for c in renamed], [""]))
-    changes = _judged(comparison)
-    columns = lambda c: (f"| {named(c.label)} | {md(c.what)} | {md(c.old)} | {md(c.new)} |")
-    origin = lambda c: f"{_changed_in(c, comparison, '`')} | {_reason(c, '`')} |"
-    if failing := [(c, why) for c, why in changes if why]:
-        sections.append((["#### ⛔ Changes to the yardstick that fail the check", "",
-                          "| variant | what | old | new | why | changed in | reason |",
-                          "|---|---|--:|--:|---|---|---|"],
-                         [f"{columns(c)} {md(why) if c.refused else why} | {origin(c)}"
-                          for c, why in failing], [""]))
-    if passing := [c for c, why in changes if not why]:
-        sections.append((["#### ✅ Changes that pass the check", "",
-                          "| variant | what | old | new | status | changed in | reason |",
-                          "|---|---|--:|--:|---|---|---|"],
-                         [f"{columns(c)} {_status(c, comparison)} | {origin(c)}"
-                          for c in passing], [""]))
-    return sections
 
 
 def findings(entry: Entry) -> list[dict]:
@@ -368,7 +205,7 @@ def _as_code(name: str, text: str, markdown: str) -> str:
     """`text` with the holder `name` in it as code where it can be (a name from the server's
     code that a code span cannot hold is escaped as text instead)."""
     if not markdown or not verbatim(name).startswith("`") or name not in text:
-        return _esc(text, markdown)
+        return esc(text, markdown)
     head, _, tail = text.partition(name)
     return f"{md(head)}{verbatim(name)}{md(tail)}"
 
@@ -394,17 +231,17 @@ def failed_expectations(entry: Entry) -> list[dict]:
 
 def reasons(entry: Entry, code: str = "`") -> list[str]:
     """Why a variant regressed, in its head run's own words."""
-    lines = [_esc(entry.note, code)] if entry.note and entry.failure is None else []
-    lines += [f"finding {_code(f['kind'], code)}{' (new)' if f['new'] else ''}: "
-              f"{_esc(f['message'], code)}"
+    lines = [esc(entry.note, code)] if entry.note and entry.failure is None else []
+    lines += [f"finding {as_name(f['kind'], code)}{' (new)' if f['new'] else ''}: "
+              f"{esc(f['message'], code)}"
               + (f"; {_as_code(f['holder'], f['held_by'], code)}" if f["held_by"] else "")
               for f in findings(entry)]
     grown = _grown(entry)
     if grown is not None:
         lines.append(f"grew most at rest: {_as_code(grown.holder, grown.holder, code)} "
                      f"(+{format_bytes(grown.bytes)} since the base)")
-    lines += [f"expectation {_code(e['name'], code)} fails: expected "
-              f"{_esc(e['expected'], code)}, got {_esc(e['actual'], code)}"
+    lines += [f"expectation {as_name(e['name'], code)} fails: expected "
+              f"{esc(e['expected'], code)}, got {esc(e['actual'], code)}"
               + (" (it held in the base)" if e["held_in_base"] else "")
               for e in failed_expectations(entry)]
     return lines
@@ -412,7 +249,7 @@ def reasons(entry: Entry, code: str = "`") -> list[str]:
 
 def _accepted_lines(comparison: Comparison, code: str = "`") -> list[str]:
     """One line per variant whose change the pull request accepts, saying how (its note)."""
-    return [f"✅ {named(e.label, code)}: {_esc(e.note, code)}" for e in comparison.entries
+    return [f"✅ {named(e.label, code)}: {esc(e.note, code)}" for e in comparison.entries
             if e.accepted]
 
 
@@ -440,7 +277,7 @@ def render_text(comparison: Comparison) -> str:
     if url and not _explained(comparison):
         lines.append(f"  plots: {url}")
     lines += [f"  {line}" for line in _state_lines(comparison, code="")
-              + _noise_lines(comparison, code="") + _change_lines(comparison)
+              + _noise_lines(comparison, code="") + change_lines(comparison)
               + _accepted_lines(comparison, code="")]
     return "\n".join(lines) + "\n"
 
@@ -478,7 +315,7 @@ def render_markdown(comparison: Comparison, limit: int = COMMENT_LIMIT) -> str:
                           f"**{format_value(d.metric, d.delta, True)}**{_exact(d)} | {format_percent(d)} | "
                           f"{format_tolerance(d.metric, d.tolerance)} |"
                           for e, d in changed], [""]))
-    sections += _change_sections(comparison)
+    sections += change_sections(comparison)
     if accepted := _accepted_lines(comparison):
         sections.append(([], [f"- {line}" for line in accepted], [""]))
     url, explained = comparison.artifact_url, _explained(comparison)
