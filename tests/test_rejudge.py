@@ -7,6 +7,7 @@ unreadable fail the variant as a run that did not complete."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,12 @@ from harness.common.units import format_bytes
 from harness.gate.rejudge import from_reports
 from harness.judge.summary import load_summaries
 from tests import test_gate_pr as scratch
+from tests import test_gate_speed as speed
 from tests.test_gate_bypasses import head_reports
 from tests.test_gate_pr import commit, edit, gate
 
-# The scratch repository and a pull request's branch of it.
-recorded, branch = scratch.recorded, scratch.branch
+# The scratch repository, a pull request's branch of it, and a repository `kvmem init` made.
+recorded, branch, adopted = scratch.recorded, scratch.branch, speed.adopted
 
 ROOT = Path(__file__).resolve().parent.parent
 # Bundled variants whose rows hold what a CSV could lose: holders walked with pending arrays
@@ -71,11 +73,19 @@ def failed_entry(result: dict, variant: str) -> dict:
     return entry
 
 
-def test_a_lowered_peak_fails_and_is_judged_from_the_rows(branch):
+@pytest.mark.parametrize("repository", ["scratch", "kvmem init"])
+def test_a_lowered_peak_fails_and_is_judged_from_the_rows(repository, request, tmp_path,
+                                                          monkeypatch):
+    """On this repository's scratch scenario and on the starter `kvmem init` writes."""
+    source = request.getfixturevalue("recorded" if repository == "scratch" else "adopted")
+    shutil.copytree(source, tmp_path / "repo")
+    monkeypatch.chdir(tmp_path / "repo")
+    scratch.git("checkout", "-q", "-b", "pr")
+    label = "gate_pr/after" if repository == "scratch" else "kvmem_starter/preallocated"
     said: dict[str, int] = {}
 
     def lowered(data: dict) -> None:
-        if data["variant"] == "after":
+        if f"{data['scenario']}/{data['variant']}" == label:
             said["rows"] = data["metrics"]["peak"]
             data["metrics"]["peak"] -= 1 << 20
 
@@ -84,8 +94,8 @@ def test_a_lowered_peak_fails_and_is_judged_from_the_rows(branch):
     why = (f"summary.json says peak {format_bytes(said['rows'] - (1 << 20))}; its rows give "
            f"{format_bytes(said['rows'])}: judged from the rows, and failed: a rewritten "
            "summary is tampering")
-    assert f"💥 Failed (1): `gate_pr/after` ({why})" in comment
-    entry = failed_entry(result, "after")
+    assert f"💥 Failed (1): `{label}` ({why})" in comment
+    entry = failed_entry(result, label.partition("/")[2])
     assert entry["failure"] == why
     assert entry["metrics"]["peak"]["head"] == said["rows"]
 
