@@ -147,6 +147,23 @@ def test_rows_missing_or_unreadable_fail_the_variant(branch, rows, problem):
         samples.write_text(rows)
     code, comment, result = gate("--from", str(reports))
     assert code == 2
-    why = f"the judge cannot recompute it from its rows: {samples}".removesuffix("samples.csv")
+    why = f"the judge cannot recompute it: {samples}".removesuffix("samples.csv")
     assert f"{why}{problem}" in failed_entry(result, "after")["failure"]
     assert "💥 Failed (1): `gate_pr/after`" in comment
+
+
+def test_a_summary_of_a_variant_no_scenario_file_defines_fails(branch):
+    def ghost(data: dict) -> None:
+        if data["variant"] == "after":
+            data["scenario"] = "ghost"
+
+    code, comment, result = gate("--from", str(head_reports(ghost)))
+    assert code == 2
+    failures = {(e["scenario"], e["variant"]): e["failure"] for e in result["entries"]}
+    assert failures == {
+        ("gate_pr", "after"): "the head still defines this variant, but its run left no "
+                              "summary to judge",
+        ("gate_pr", "before"): None,
+        ("ghost", "after"): "failed: the judge cannot recompute it: no scenario file defines "
+                            "ghost/after (its summary names scenarios/gate_pr.yaml)"}
+    assert "`ghost/after` (head failed: the judge cannot recompute it" in comment

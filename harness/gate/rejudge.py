@@ -131,7 +131,7 @@ def recomputed(summaries: Iterable[Summary],
         except BadInput as exc:
             result.summaries.append(summary if not summary.ok else summary.replace(
                 status="failed", passed=False,
-                error=f"the judge cannot recompute it from its rows: {exc}"))
+                error=f"the judge cannot recompute it: {exc}"))
             continue
         found = disagreements(summary, again)
         if found:
