@@ -232,6 +232,9 @@ def adopted(tmp_path_factory) -> Path:
 def test_an_adopters_own_mlx_lm_package_needs_the_acceptance(adopted, tmp_path, monkeypatch):
     """In a repository that adopted kvmem, a root `mlx_lm/` (which every measuring child would
     import) is listed with its files' digest, as the head's runs record it."""
+    # kvmem puts the working folder on this process's path for `module:Class` components: put
+    # it back after, or every later child of this worker would import the repository's mlx_lm.
+    monkeypatch.setattr(sys, "path", list(sys.path))
     repo = tmp_path / "repo"
     shutil.copytree(adopted, repo)
     monkeypatch.chdir(repo)

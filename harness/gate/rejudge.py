@@ -10,7 +10,9 @@ file parsed as data. What only the run knows (its status, wall time, the size ch
 estimate, the model it served, its environment) is taken from summary.json as data.
 
 A summary that disagrees with its rows on a gated figure, a finding, an expectation or whether
-it passed was rewritten: the variant fails, and its entry says where (`refuse`). A report whose
+it passed was rewritten, or written by another kvmem than the judge's (a pull request that
+changes kvmem's own detectors): the variant fails, its entry saying where (`refuse`), unless the
+maintainers accept it; accepted or not, it is judged from its rows. A report whose
 rows are missing or unreadable, or whose variant the head's files do not define, cannot be
 judged: the variant fails as a run that did not complete.
 """
@@ -31,6 +33,7 @@ from ..report.folder import read_rows
 from ..scenario import ScenarioSpec
 from ..scenario.load import ScenarioError, definitions, discover
 from .compare import FAILED, Comparison
+from .policy import ACCEPT_LABEL
 
 Key = tuple[str, str]  # scenario, variant
 SERVED = ("ok", "interrupted")  # statuses whose rows are judged (harness.run.suite)
@@ -116,7 +119,9 @@ def refusal(found: list[str]) -> str:
     """What a rewritten summary's entry says: the first disagreements, and how it is judged."""
     more = len(found) - SHOWN
     return ("; ".join(found[:SHOWN]) + (f" (and {more} more)" if more > 0 else "")
-            + ": judged from the rows, and failed: a rewritten summary is tampering")
+            + ": judged from the rows. The summary was rewritten, or written by other judging "
+            f"code than the judge's (a pull request that changes kvmem's detectors or metrics): "
+            f"it needs the `{ACCEPT_LABEL}` label")
 
 
 def recomputed(summaries: Iterable[Summary],
@@ -182,9 +187,14 @@ def specs(files: Iterable[Path], strict: bool = False) -> dict[Key, ScenarioSpec
 
 
 def refuse(comparison: Comparison, refused: dict[Key, str]) -> None:
-    """Fail each variant whose summary.json its rows contradict, saying where: its figures
-    were judged from the rows, and nothing accepts a rewritten summary."""
+    """Fail each variant whose summary.json its rows contradict, saying where, unless the
+    maintainers accept it (the head's own kvmem judges otherwise): either way its figures were
+    judged from the rows, so the acceptance hides no regression."""
     for entry in comparison.entries:
         why = refused.get(entry.head.key) if entry.head is not None else None
-        if why is not None:
+        if why is None:
+            continue
+        if comparison.accepted:
+            comparison.notes.append(f"{entry.head.label}: {why}: accepted")
+        else:
             entry.state, entry.refusal, entry.accepted = FAILED, why, False
