@@ -61,7 +61,7 @@ def use(cache: str) -> None:
     commit(f"a layer cache of its own: {cache}")
 
 
-def test_code_that_behaves_differently_under_measurement_passes(branch):
+def test_code_that_behaves_differently_under_measurement_passes(branch):  # noqa: F811
     use("Evasive")
     code, _, result = gate("--accept")
     assert (code, result["verdict"]) == (0, "no change")
@@ -76,7 +76,7 @@ def test_code_that_behaves_differently_under_measurement_passes(branch):
     assert kept.stdout == "3\n"
 
 
-def test_a_leak_after_the_last_request_passes_and_a_soak_finds_it(branch):
+def test_a_leak_after_the_last_request_passes_and_a_soak_finds_it(branch):  # noqa: F811
     use("Late")
     code, _, result = gate("--accept")
     assert (code, result["verdict"]) == (0, "no change")

@@ -191,8 +191,7 @@ def refuse(comparison: Comparison, refused: dict[Key, str]) -> None:
     maintainers accept it (the head's own kvmem judges otherwise): either way its figures were
     judged from the rows, so the acceptance hides no regression."""
     for entry in comparison.entries:
-        why = refused.get(entry.head.key) if entry.head is not None else None
-        if why is None:
+        if entry.head is None or (why := refused.get(entry.head.key)) is None:
             continue
         if comparison.accepted:
             comparison.notes.append(f"{entry.head.label}: {why}: accepted")
