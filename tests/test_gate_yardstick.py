@@ -282,6 +282,21 @@ def test_the_start_up_code_is_found_where_python_finds_it(tmp_path, monkeypatch)
     assert not [e for e in start_up.preloaded(start_up.KVMEM.parent) if e["kind"] == "shadow"]
 
 
+def test_the_pth_file_of_kvmems_own_installation_is_not_start_up_code(tmp_path, monkeypatch):
+    """An editable kvmem's `.pth` (its name carries the version) is the measuring tool, which
+    the summary records by version: a version bump is no change to the yardstick."""
+    site_packages = tmp_path / "site-packages"
+    info = site_packages / "kvmem-9.9.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kvmem\nVersion: 9.9\n")
+    (info / "RECORD").write_text("__editable__.kvmem-9.9.pth,,\nkvmem-9.9.dist-info/METADATA,,\n")
+    (site_packages / "__editable__.kvmem-9.9.pth").write_text("import kvmem_finder\n")
+    (site_packages / "other.pth").write_text("import other_finder\n")
+    monkeypatch.setattr(start_up, "_site_folders", lambda: [site_packages])
+    assert [(e["kind"], e["path"]) for e in start_up.preloaded(tmp_path / "repo")
+            if e["kind"] == "pth"] == [("pth", "site-packages/other.pth")]
+
+
 def test_a_sitecustomize_that_hides_itself_is_still_found(tmp_path, monkeypatch):
     """Out of `sys.modules`, its folder out of `sys.path`: the `.pth` file that put it there
     still names it."""

@@ -8,13 +8,15 @@ The measuring child is a fresh interpreter of the same executable, started in th
 with the same `sys.path` (harness.common.child), so it finds the same files; they are listed
 from kvmem's own process. Each is named relative to the repository or to its site-packages
 folder, never by an absolute path, and the list is sorted, so unchanged code lists the same on
-every run and machine. kvmem's own agent `sitecustomize` (injected into servers) is not foreign
-and is left out.
+every run and machine. kvmem's own agent `sitecustomize` (injected into servers) and the `.pth`
+file of kvmem's own installation (an editable one's, whose name carries the version) are not
+foreign and are left out.
 """
 
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.metadata as md
 import site
 import sys
 from pathlib import Path
@@ -91,10 +93,20 @@ def _customizers() -> list[tuple[str, Path]]:
     return found
 
 
+def _own_files() -> set[Path]:
+    """The `.pth` files kvmem's own installation put in site-packages (an editable install's):
+    the measuring tool, which the summary records by its version, not code under test."""
+    found = md.distributions(name="kvmem", path=[str(f) for f in _site_folders()])
+    return {Path(str(installed.locate_file(f))).resolve() for installed in found
+            for f in installed.files or [] if f.name.endswith(".pth")}
+
+
 def _executing_pth() -> list[Path]:
     """The `.pth` files of site-packages with a line Python executes (one starting with
-    `import`, followed by a space or a tab)."""
-    return [path for path, lines in _pth_files() if any(_executes(line) for line in lines)]
+    `import`, followed by a space or a tab), kvmem's own left out."""
+    own = _own_files()
+    return [path for path, lines in _pth_files()
+            if any(_executes(line) for line in lines) and path.resolve() not in own]
 
 
 def _shadows(top: Path) -> list[Path]:
