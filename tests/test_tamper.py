@@ -235,3 +235,21 @@ def test_the_gate_fails_a_branch_whose_cache_tampers(branch, cache, failure) -> 
                    for p in peaks), peaks
     else:
         assert all(e["failure"].startswith(failure) for e in result["entries"]), result
+
+
+def test_an_older_process_that_comes_back_is_not_blamed_on_the_variant() -> None:
+    """A process created before the variant's child (another test's, another tool's orphan that
+    comes back to kvmem meanwhile) is not what the variant left behind; one created since is."""
+    from harness.common.child import stop_left_behind
+
+    older = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        created = psutil.Process(older.pid).create_time()
+        assert stop_left_behind(set(), [], started=created + 1) == []
+        assert older.poll() is None
+        named = stop_left_behind(set(), [], started=created)
+        assert named == [f"pid {older.pid} ({sys.executable} -c import time; time.sleep(60))"]
+        older.wait(timeout=5)  # killed (and reaped by kvmem's wait, so no status is left)
+    finally:
+        older.kill()
+        older.wait()

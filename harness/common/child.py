@@ -154,13 +154,24 @@ def _named(process: psutil.Process) -> str:
     return f"pid {process.pid} ({command[:_COMMAND_CHARS]})"
 
 
-def stop_left_behind(known: set[int], seen: list[psutil.Process]) -> list[str]:
+def _since(process: psutil.Process, started: float) -> bool:
+    """Whether `process` was created at or after `started` (the child's own creation)."""
+    with contextlib.suppress(psutil.Error):
+        return process.create_time() >= started
+    return False
+
+
+def stop_left_behind(known: set[int], seen: list[psutil.Process], started: float = 0.0
+                     ) -> list[str]:
     """Kill what a child that has ended left alive: this process's children outside `known`
-    (those before it, the other live children) and the child's descendants `seen` as it ended,
-    with their own descendants, once `LEFT_GRACE` seconds have not ended them; each named."""
+    (those before it, the other live children) created since the child was (`started`: an
+    older orphan of something else that comes back here meanwhile is not its), and the child's
+    descendants `seen` as it ended, with their own descendants, once `LEFT_GRACE` seconds have
+    not ended them; each named."""
     with _LIVE_LOCK:
         mine = psutil.Process().children()
-        candidates = {p.pid: p for p in mine if p.pid not in known and p.pid not in _LIVE}
+        candidates = {p.pid: p for p in mine if p.pid not in known and p.pid not in _LIVE
+                      and _since(p, started)}
     candidates.update({p.pid: p for p in seen if p.pid not in candidates})
     if not candidates:
         return []
@@ -216,6 +227,7 @@ class Child:
         self.grace = grace
         self.survivors: list[str] = []
         self._known: set[int] = set()
+        self._started = 0.0  # the child's creation time, as psutil reads it
         self._reaping = False
 
     def __enter__(self) -> Child:
@@ -230,6 +242,8 @@ class Child:
                     self._known = _children()
                     self.process.start()
                     _LIVE.add(self.process.pid or 0)
+                    with contextlib.suppress(psutil.Error):
+                        self._started = psutil.Process(self.process.pid).create_time()
             finally:  # a Ctrl-C that came meanwhile reaches the parent now
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         except BaseException:
@@ -256,7 +270,7 @@ class Child:
             with _LIVE_LOCK:
                 _LIVE.discard(self.process.pid or 0)
             try:
-                self.survivors = stop_left_behind(self._known, seen)
+                self.survivors = stop_left_behind(self._known, seen, self._started)
             finally:
                 self.pipe.close()
 
