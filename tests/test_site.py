@@ -59,7 +59,7 @@ def test_two_nights_make_a_record_of_two_runs_in_date_order(tmp_path, capsys, gr
     assert record["units"] == {"peak": "bytes", "steady": "bytes", "final": "bytes",
                                "largest_spike": "bytes", "leak_rate": "bytes/req",
                                "retained": "bytes", "rss_peak": "bytes", "overhead_ratio": "ratio",
-                               "buffers": "count"}
+                               "buffers": "count", "host_rate": "bytes/req"}
     first, second = record["runs"]
     assert {k: v for k, v in first.items() if k != "scenarios"} == {
         "date": "2025-06-02T03:17:00Z", "commit": "317a29b", "backend": "cpu",

@@ -28,7 +28,6 @@ rewrite what kvmem writes next is gone before kvmem writes it.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib
 import multiprocessing as mp
 import os
@@ -44,10 +43,10 @@ from typing import Any
 
 import psutil
 
+from .lifeline import die_with_parent, subreaper
 from .mlx_lm_import import defer_init
 
 CONTEXT = mp.get_context("spawn")  # a fresh interpreter: none of the parent's threads or locks
-_PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
 _COMMAND_CHARS = 200  # of a left-behind process's command line, in the variant's failure
 LEFT_GRACE = 0.5  # seconds a process a child left behind has to end of itself (a dying server)
 # kvmem's own packages and the MLX it reads memory with: imported before the working directory is
@@ -109,26 +108,6 @@ def import_first() -> None:
         with kvmem_first():
             for name in FIRST:
                 importlib.import_module(name)
-
-
-def die_with_parent(parent: int) -> None:
-    """Ask Linux to kill this process when `parent` goes, however it ends; exit at once if it
-    is gone already. A process kvmem starts with `subprocess.Popen` gets the same with
-    `preexec_fn=functools.partial(die_with_parent, os.getpid())`."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != parent:  # the parent was gone before the request took effect
-            os._exit(1)
-
-
-def _subreaper() -> bool:
-    """On Linux, have orphans of this process's descendants reparented here, not to init:
-    whether they are."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1) == 0
-    return False
 
 
 def _children() -> set[int]:
@@ -194,7 +173,7 @@ def _run(parent: int, target: Callable[..., object], args: tuple, pipe: Connecti
     the parent's sys.path (`path`, with the working directory) and `PYTHONSAFEPATH` back."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent(parent)
-    _subreaper()  # what it leaves behind comes back to it, then to kvmem: never to another child
+    subreaper()  # what it leaves behind comes back to it, then to kvmem: never to another child
     import_first()
     sys.path = path
     _set_safe_path(safe)
@@ -236,7 +215,7 @@ class Child:
             # SIGINT when it has: start it before blocking, so the block holds for the child.
             resource_tracker.ensure_running()
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-            self._reaping = _subreaper()
+            self._reaping = subreaper()
             try:
                 with kvmem_first(), _LIVE_LOCK:
                     self._known = _children()

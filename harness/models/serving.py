@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..common.child import die_with_parent
+from ..common.lifeline import die_with_parent
 from . import geometry as geo
 from .loading import ModelChoice, ModelError
 

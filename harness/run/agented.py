@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from ..agent import kvmem_agent
-from ..common.child import die_with_parent, how
+from ..common.child import how
+from ..common.lifeline import die_with_parent
 from ..components.registry import SHIPPED
 from .engines import RunFailure
 

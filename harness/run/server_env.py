@@ -27,8 +27,8 @@ import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from ..common.child import die_with_parent
 from ..common.files import atomic_text
+from ..common.lifeline import die_with_parent
 from ..models.folder import cache_root
 from ..scenario.server import ServerSpec
 from .engines import RunFailure
