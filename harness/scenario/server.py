@@ -252,8 +252,9 @@ class HttpSpec(Strict):
     What open-loop traffic makes of memory depends on the machine's speed: a slow runner queues
     arrivals into large batches. So the gate (`gate pr`, `baseline update`, `baseline check`,
     `run --gated`) replays it as `gate:` says: `ordered` (the default), the requests in their
-    order, `clients` at a time, arrival times ignored (`arrivals: ordered`); `as_declared`, on
-    its schedule, for a runner whose speed is known."""
+    order, one at a time, arrival times ignored (`arrivals: ordered`, `clients: 1`: two
+    requests in flight overlap or not as the server's speed decides); `as_declared`, on its
+    schedule, for a runner whose speed is known."""
 
     endpoint: Literal["chat", "completions"] = "chat"
     # The model each request names, for servers that require one (placeholders as in the
@@ -308,7 +309,7 @@ class HttpSpec(Strict):
         its schedule (`as_declared`)."""
         if not self.open_loop or self.gate == "as_declared":
             return self
-        return self.model_copy(update={"arrivals": "ordered"})
+        return self.model_copy(update={"arrivals": "ordered", "clients": 1})
 
     def requests(self) -> int:
         """How many requests one pass of the generated phases sends (0 for a trace: its
