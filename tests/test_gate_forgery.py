@@ -16,7 +16,7 @@ import pytest
 
 from harness.gate.definition import differences
 from tests import test_gate_pr as scratch
-from tests.test_gate_bypasses import head_reports
+from tests.test_gate_bypasses import head_reports, regress
 from tests.test_gate_pr import AFTER, commit, edit, gate, git
 
 recorded, branch = scratch.recorded, scratch.branch
@@ -85,19 +85,6 @@ def head() -> str:
     return git("rev-parse", "HEAD").strip()
 
 
-def moved_baseline(by: int) -> None:
-    """The main branch's `after` baseline recorded `by` lower (or higher, `by` < 0), and the
-    pull request's branch started again from there: its runs, the main branch's reports as
-    they are (a summary rewritten is tampering), are `by` over their baseline."""
-    git("checkout", "-q", "main")
-    data = json.loads(AFTER.read_text())
-    for name in ("peak", "steady", "final"):
-        data["metrics"][name] -= by
-    AFTER.write_text(json.dumps(data, indent=2) + "\n")
-    commit("the baseline moved")
-    git("checkout", "-q", "-B", "pr")
-
-
 def rename(name: str) -> Path:
     """The `after` variant renamed to `name` in the scenario (committed) and in its reports."""
     edit("  after: {}", f"  {json.dumps(name)}: {{}}")
@@ -113,7 +100,7 @@ def rename(name: str) -> Path:
 @pytest.mark.parametrize("case", list(NAMES))
 def test_a_variant_name_cannot_forge_the_comment(branch, case):
     name = NAMES[case]
-    moved_baseline(512 * 1024)
+    regress(512 * 1024)
     reports = rename(name)
     code, comment, result = gate("--from", str(reports), "--accept")
     assert code == 1                                    # --accept re-records nothing
@@ -251,7 +238,7 @@ def test_an_event_about_another_commit_or_beside_accept_is_bad_input(branch, tmp
 
 
 def test_a_genuinely_improved_branch_passes_with_no_change_listed(branch, tmp_path):
-    moved_baseline(-256 * 1024)
+    regress(-256 * 1024)
     event = event_file(tmp_path, head(), [(head(), "2026-01-01T00:00:00Z")])
     code, comment, result = gate("--from", "reports-main", "--event", event)
     assert code == 0

@@ -19,8 +19,8 @@ import pytest
 from harness.common.digest import tree_digest
 from harness.run import preloaded as start_up
 from tests import test_gate_pr as scratch
+from tests import test_gate_speed as speed
 from tests.test_gate_pr import cli, commit, gate, git
-from tests.test_init import SPEC
 from tests.test_model_engine import tiny_llama_folder
 
 branch = scratch.branch  # a pull request's branch of this module's `recorded` repository
@@ -211,22 +211,7 @@ def test_changed_start_up_code_needs_the_acceptance_and_removed_tightens(branch)
                                                   "tightens")
 
 
-@pytest.fixture(scope="module")
-def adopted(tmp_path_factory) -> Path:
-    """A repository made by `kvmem init`, its starter run and recorded on its main branch."""
-    root = tmp_path_factory.mktemp("adopter")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(root)
-        git("init", "-q", "-b", "main")
-        git("config", "user.name", "Maintainer")
-        git("config", "user.email", "maintainer@example.org")
-        assert cli("init", "--install", SPEC) == 0
-        Path(".gitignore").write_text("reports*/\nkvmem-gate/\n")
-        assert cli("run", "scenarios", "--out", "reports-main", "--jobs", "2") == 0
-        assert cli("baseline", "update", "--reason", "first record", "--from",
-                   "reports-main") == 0
-        commit("kvmem init, its starter recorded")
-    return root
+adopted = speed.adopted  # a repository made by `kvmem init`, its starter recorded on main
 
 
 def test_an_adopters_own_mlx_lm_package_needs_the_acceptance(adopted, tmp_path, monkeypatch):
