@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path, PurePosixPath
 
 from tests import test_gate_pr as scratch
-from tests.test_gate_pr import AFTER, FILE, commit, edit, failing, gate, git
+from tests.test_gate_pr import AFTER, FILE, commit, edit, failing, gate, git, init_repository
 
 # The scratch repository and a pull request's branch of it.
 recorded, branch = scratch.recorded, scratch.branch
@@ -204,9 +204,7 @@ def test_a_store_that_keeps_a_host_copy_of_every_request_fails_the_gate(tmp_path
     """Under the 32 MiB floor and the 64 MiB RSS floor: 1 MiB a request over 20 requests, with
     no change to the scenario, only to the store's code."""
     monkeypatch.chdir(tmp_path)
-    git("init", "-q", "-b", "main")
-    git("config", "user.name", "Maintainer")
-    git("config", "user.email", "maintainer@example.org")
+    init_repository()
     Path("scenarios").mkdir()
     Path("scenarios/gate_host.yaml").write_text(HOST_SCENARIO)
     Path("hoststore.py").write_text(HOST_STORE)

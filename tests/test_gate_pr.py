@@ -31,6 +31,13 @@ def git(*args: str) -> str:
     return subprocess.run(["git", *args], check=True, capture_output=True, text=True).stdout
 
 
+def init_repository() -> None:
+    """A new git repository here, on `main`, committing as the maintainers."""
+    git("init", "-q", "-b", "main")
+    git("config", "user.name", "Maintainer")
+    git("config", "user.email", "maintainer@example.org")
+
+
 def commit(message: str) -> None:
     git("add", "-A")
     git("commit", "-qm", message)
@@ -50,9 +57,7 @@ def recorded(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("main")
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(root)
-        git("init", "-q", "-b", "main")
-        git("config", "user.name", "Maintainer")
-        git("config", "user.email", "maintainer@example.org")
+        init_repository()
         FILE.parent.mkdir()
         FILE.write_text(SCENARIO)
         Path(".gitignore").write_text("reports*/\nkvmem-gate/\n")

@@ -16,7 +16,7 @@ from harness.judge.at_rest import HostThresholds, host_rate
 from harness.run.probe import to_frame
 from harness.scenario import load_variants
 from tests import test_gate_pr as scratch
-from tests.test_gate_pr import commit, gate, git
+from tests.test_gate_pr import commit, gate, git, init_repository
 from tests.test_init import SPEC
 from tests.test_long_traffic import fake_spec, serve, write_trace
 from tests.test_serve import FIXTURES
@@ -123,9 +123,7 @@ def test_unchanged_code_on_a_slowed_server_gives_no_regression(form, code, tmp_p
     the ordered replay passes; the same scenario gated as declared cries wolf (the peak of the
     requests that piled up), which is what the ordered form is for."""
     monkeypatch.chdir(tmp_path)
-    git("init", "-q", "-b", "main")
-    git("config", "user.name", "Maintainer")
-    git("config", "user.email", "maintainer@example.org")
+    init_repository()
     Path("scenarios").mkdir()
     write_trace(Path("scenarios/trace.jsonl"), TRACE)
     Path("scenarios/gate_slow.yaml").write_text(SLOW_SCENARIO.format(
@@ -178,9 +176,7 @@ def adopted(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("adopted")
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(root)
-        git("init", "-q", "-b", "main")
-        git("config", "user.name", "Maintainer")
-        git("config", "user.email", "maintainer@example.org")
+        init_repository()
         assert scratch.cli("init", "--install", SPEC) == 0
         Path(".gitignore").write_text("reports*/\nkvmem-gate/\n")
         assert scratch.cli("run", "scenarios", "--out", "reports-main") == 0

@@ -20,7 +20,7 @@ from harness.common.digest import tree_digest
 from harness.run import preloaded as start_up
 from tests import test_gate_pr as scratch
 from tests import test_gate_speed as speed
-from tests.test_gate_pr import cli, commit, gate, git
+from tests.test_gate_pr import cli, commit, gate, git, init_repository
 from tests.test_model_engine import tiny_llama_folder
 
 branch = scratch.branch  # a pull request's branch of this module's `recorded` repository
@@ -48,9 +48,7 @@ def recorded(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("main")
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(root)
-        git("init", "-q", "-b", "main")
-        git("config", "user.name", "Maintainer")
-        git("config", "user.email", "maintainer@example.org")
+        init_repository()
         Path("models/tiny").mkdir(parents=True)
         tiny_llama_folder(Path("models/tiny"))
         FILE.parent.mkdir()
