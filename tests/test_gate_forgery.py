@@ -234,7 +234,7 @@ def test_an_event_about_another_commit_or_beside_accept_is_bad_input(branch, tmp
     Path(event).write_text(json.dumps(data))
     assert scratch.cli("gate", "pr", "--base", "main", "--from", "reports-main",
                        "--event", event) == 2
-    assert f"{event}: pull_request.number: expected int, got \"12\"" in capsys.readouterr().err
+    assert f"{event}: pull_request.number: expected a whole number, got \"12\"" in capsys.readouterr().err
 
 
 def test_a_genuinely_improved_branch_passes_with_no_change_listed(branch, tmp_path):

@@ -95,10 +95,19 @@ def decide(event: Event | None, accepted: bool) -> Acceptance:
                       last.what if last else "", sha)
 
 
+_JSON = {dict: "an object", list: "a list", str: "a string", int: "a whole number",
+         bool: "true or false"}  # a field's type, as JSON names it
+
+
+def _at(where: str, name: str) -> str:
+    """A field's place: `file: pushes` at the top of the file, `file: label.name` below."""
+    return f"{where} {name}" if where.endswith(":") else f"{where}.{name}"
+
+
 def _field(data: object, name: str, kind: type[T], where: str) -> T:
     value = data.get(name) if isinstance(data, dict) else None
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise EventError(f"{where}.{name}: expected {kind.__name__}, got {_shown(value)}")
+        raise EventError(f"{_at(where, name)}: expected {_JSON[kind]}, got {_shown(value)}")
     return value
 
 
@@ -109,7 +118,7 @@ def _shown(value: object) -> str:
 def _matching(data: object, name: str, pattern: re.Pattern, what: str, where: str) -> str:
     value = _field(data, name, str, where)
     if not pattern.fullmatch(value):
-        raise EventError(f"{where}.{name}: not {what}: {_shown(value)}")
+        raise EventError(f"{_at(where, name)}: not {what}: {_shown(value)}")
     return value
 
 
@@ -120,7 +129,7 @@ def _time(data: object, where: str) -> datetime:
     except ValueError:
         at = None
     if at is None or at.tzinfo is None:
-        raise EventError(f"{where}.at: not a time with its zone: {_shown(text)}")
+        raise EventError(f"{_at(where, 'at')}: not a time with its zone: {_shown(text)}")
     return at
 
 
@@ -128,8 +137,8 @@ def _stamps(data: object, name: str, key: str, pattern: re.Pattern, what: str,
             where: str) -> tuple[Stamp, ...]:
     """Each `{key: ..., "at": ...}` of the list `name`."""
     items = _field(data, name, list, where)
-    return tuple(Stamp(_matching(item, key, pattern, what, f"{where}.{name}[{i}]"),
-                       _time(item, f"{where}.{name}[{i}]"))
+    return tuple(Stamp(_matching(item, key, pattern, what, f"{_at(where, name)}[{i}]"),
+                       _time(item, f"{_at(where, name)}[{i}]"))
                  for i, item in enumerate(items))
 
 
@@ -137,8 +146,9 @@ def parse(data: object, where: str) -> Event:
     """An event from its JSON; EventError names `where` and the field at fault."""
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise EventError(f"{where}: schema: expected {SCHEMA} (an event written for this kvmem)")
-    pull = _field(data, "pull_request", dict, where)
-    label = _field(data, "label", dict, where)
+    top = f"{where}:"
+    pull = _field(data, "pull_request", dict, top)
+    label = _field(data, "label", dict, top)
     at, tag = f"{where}: pull_request", f"{where}: label"
     name = _field(label, "name", str, tag)
     if name != ACCEPT_LABEL:
@@ -151,7 +161,7 @@ def parse(data: object, where: str) -> Event:
                  _matching(pull, "head_sha", _SHA, "a full commit SHA", at), name,
                  _field(label, "on", bool, tag),
                  _stamps(label, "applied", "actor", _LOGIN, "a GitHub login", tag),
-                 _stamps(data, "pushes", "sha", _SHA, "a full commit SHA", where))
+                 _stamps(data, "pushes", "sha", _SHA, "a full commit SHA", top))
 
 
 def load(path: Path) -> Event:
