@@ -207,9 +207,10 @@ def test_a_process_the_variant_left_running_is_killed_and_fails_it(repository) -
     assert not psutil.pid_exists(pid)
     detaches = json.loads(forged.read_text())  # kvmem's, not the forger's
     assert detaches["status"] == "failed" and detaches["variant"] == "detaches"
-    assert detaches["error"].startswith(
-        f"the variant's process left 1 process(es) running after it ended, killed by kvmem: "
-        f"pid {pid} ({sys.executable} -c ")
+    # The forger named, and the session leader that started it where it had not exited yet.
+    assert detaches["error"].startswith("the variant's process left ")
+    assert "running after it ended, killed by kvmem: pid " in detaches["error"]
+    assert f"pid {pid} ({sys.executable} -c " in detaches["error"]
     assert summary(root, "clean")["status"] == "ok"
 
 
@@ -217,8 +218,7 @@ def test_a_process_the_variant_left_running_is_killed_and_fails_it(repository) -
     ("Resets", None),
     ("Rebinds", "failed: the probe's counters were rebound by the measured code: BOUND.active "
                 "is now tamper.nothing"),
-    ("Detaches", "failed: the variant's process left 1 process(es) running after it ended, "
-                 "killed by kvmem: pid "),
+    ("Detaches", "failed: the variant's process left "),
 ])
 def test_the_gate_fails_a_branch_whose_cache_tampers(branch, cache, failure) -> None:  # noqa: F811
     """A reset hides no spike from the gate (each update's 4 MiB is a peak regression), and a
