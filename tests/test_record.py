@@ -166,7 +166,9 @@ def test_drift_names_the_holder_that_grew_and_no_holders_walks_nothing(tmp_path:
     assert list(kept["bytes"]) == [arrays * MiB for arrays in kept["arrays"]]
     assert kept["arrays"].is_monotonic_increasing
     assert kept["arrays"].iloc[-1] > kept["arrays"].iloc[0]
-    (holder,) = finding["holders"]
+    # The list first; a walk that met the newest array half made (pending, or in the loop's
+    # frame) can name a second, smaller group beside it.
+    holder = finding["holders"][0]
     assert holder["holder"] == "__main__:KEPT[*]" and holder["root"] == "global"
     assert holder["bytes"] == kept["bytes"].iloc[-1] - kept["bytes"].iloc[0]
     assert found["holders"]["groups"][0]["holder"] == "__main__:KEPT[*]"
