@@ -27,8 +27,9 @@ report. A child that has not ended `INTERRUPT_GRACE` seconds later is killed, an
 folders it leaves are removed (`harness.run.workdirs`).
 
 The child works in two phases so that the parent can schedule by memory without importing user
-code: it computes its footprint estimate (which may import components), sends it, and waits for
-the parent's verdict (`admit`): serve, or a refusal message. `harness.run.schedule` decides.
+code: it computes its footprint estimate (which may import components), sends it (`Estimate`),
+and waits for the parent's verdict (`admit`): serve, or a refusal message
+(`harness.run.schedule` decides). Its last message, `Ended`, says how its run ended.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,29 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+@dataclass(frozen=True)
+class Estimate:
+    """The child's first message: the footprint its engine bounds the variant at, which waits
+    for the parent's verdict (None: serve, else the refusal)."""
+
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Ended:
+    """The child's last message, sent once its rows are spooled: how its run ended and what
+    its engine said of it."""
+
+    estimate: int = 0
+    refused: str | None = None
+    completed: bool = False
+    interrupted: bool = False
+    error: str | None = None
+    store_stats: dict | None = None
+    model: ModelFacts | None = None
+    resets: int = 0
+
+
 def _child(variant: Variant, last_step: Any, note: Any, spool: Path, pipe: Connection) -> None:
     """Runs in the child: estimate, wait for the parent's verdict, serve (rows to `spool`),
     send the outcome; SIGTERM (an interrupt) ends the serving early, what was served kept."""
@@ -123,44 +147,50 @@ def _child(variant: Variant, last_step: Any, note: Any, spool: Path, pipe: Conne
         last_step.value = steps
         if said is not None:
             note.value = said.encode("utf-8", "replace")[:NOTE_BYTES - 1]
-    message: dict = {"error": None, "completed": False, "estimate": 0, "refused": None}
-    engine = None
+    ended = _serve(variant, probe, progress, pipe)
+    rebound = sealed()
+    if rebound is not None and ended.error is None:
+        ended = replace(ended, error=rebound, completed=False)
+    probe.close()
+    ended = replace(ended, resets=probe.resets)
+    pipe.send(ended)
+    pipe.close()
+    if ended.error is not None:
+        os._exit(1)
+
+
+def _serve(variant: Variant, probe: Probe, progress: Callable[..., None],
+           pipe: Connection) -> Ended:
+    """The child's run up to its seal check: estimate, verdict, serve, close."""
+    ended, engine = Ended(), None
     try:
-        message["estimate"] = estimate = estimate_bytes(variant.spec)
-        pipe.send({"estimate": estimate})
-        message["refused"] = pipe.recv()  # None: serve
-        if message["refused"] is None:
+        ended = Ended(estimate=estimate_bytes(variant.spec))
+        pipe.send(Estimate(ended.estimate))
+        ended = replace(ended, refused=pipe.recv())  # None: serve
+        if ended.refused is None:
             engine = create(variant.spec, probe, progress)
             engine.serve()
             probe.verify()
-            message["store_stats"] = engine.store_stats()
-            message["model"] = engine.facts()
-            message["completed"] = True
+            ended = replace(ended, store_stats=engine.store_stats(), model=engine.facts(),
+                            completed=True)
     except KeyboardInterrupt:
-        message["interrupted"] = True
+        ended = replace(ended, interrupted=True)
         if engine is not None:  # what it served until then (a server's requests, latency)
             with contextlib.suppress(Exception):
-                message.update(store_stats=engine.store_stats(), model=engine.facts())
+                ended = replace(ended, store_stats=engine.store_stats(), model=engine.facts())
     except (RunFailure, CounterReplaced) as exc:
-        message["error"] = str(exc)
+        ended = replace(ended, error=str(exc))
     except BaseException as exc:  # SystemExit from a component is a failed run too
-        message["error"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=-3)}"
+        ended = replace(ended, error=f"{type(exc).__name__}: {exc}\n"
+                                     f"{traceback.format_exc(limit=-3)}")
     finally:
         if engine is not None:
             try:
                 engine.close()
             except BaseException as exc:
-                message["error"] = message["error"] or f"{type(exc).__name__} on close: {exc}"
-                message["completed"] = False
-    rebound = sealed()
-    if rebound is not None and message["error"] is None:
-        message.update(error=rebound, completed=False)
-    probe.close()
-    message.update(spooled=True, resets=probe.resets)
-    pipe.send(message)
-    pipe.close()
-    if message["error"] is not None:
-        os._exit(1)
+                ended = replace(ended, error=ended.error
+                                or f"{type(exc).__name__} on close: {exc}", completed=False)
+    return ended
 
 
 def execute(variant: Variant, on_step: Callable[[int, str], None] | None = None,
@@ -194,9 +224,9 @@ def execute(variant: Variant, on_step: Callable[[int, str], None] | None = None,
     finally:
         shutil.rmtree(spool, ignore_errors=True)
         sweep()  # a killed child's own folders (a server's), once it has gone
-    outcome = _outcome(variant, message or {}, ended, child.process.exitcode, last_step.value,
+    outcome = _outcome(variant, message, ended, child.process.exitcode, last_step.value,
                        wall, rows, requests)
-    outcome.holders, outcome.resets = holders, (message or {}).get("resets", 0)
+    outcome.holders, outcome.resets = holders, message.resets if message is not None else 0
     if child.survivors and outcome.status != "refused":
         left = left_behind(child.survivors)
         earlier = outcome.error if outcome.status == "failed" else None
@@ -212,21 +242,22 @@ def left_behind(survivors: list[str]) -> str:
 
 def _watch(child: Child, timeout: float, admit: Callable[[int], str | None],
            stop: threading.Event | None,
-           shown: Callable[[], None]) -> tuple[dict | None, str | None, float]:
+           shown: Callable[[], None]) -> tuple[Ended | None, str | None, float]:
     """Wait for the child's outcome, answering its estimate, showing its progress (`shown`),
     killing it on timeout, stopping it on `stop`: its last message, why it was ended early
     (None if it was not) and the seconds it served."""
     start = time.perf_counter()
-    message: dict | None = None
+    message: Ended | None = None
     ended, stopped = None, None
     while message is None:
         try:
-            message = child.receive(0.1)
+            received = child.receive(0.1)
         except EOFError:
             break  # the child died while sending, or before
-        if message is not None and "spooled" not in message:  # the estimate: awaits a verdict
-            start += _judge(message["estimate"], admit, child.pipe)
-            message = None
+        if isinstance(received, Estimate):  # awaits a verdict
+            start += _admission(received.bytes, admit, child.pipe)
+        elif isinstance(received, Ended):
+            message = received
         shown()
         if message is not None:
             break
@@ -245,7 +276,7 @@ def _watch(child: Child, timeout: float, admit: Callable[[int], str | None],
     return message, ended, time.perf_counter() - start
 
 
-def _judge(estimate: int, admit: Callable[[int], str | None], pipe: Connection) -> float:
+def _admission(estimate: int, admit: Callable[[int], str | None], pipe: Connection) -> float:
     """Send the child its verdict; the seconds spent deciding (waiting for memory)."""
     began = time.perf_counter()
     decision = admit(estimate)
@@ -254,29 +285,29 @@ def _judge(estimate: int, admit: Callable[[int], str | None], pipe: Connection) 
     return time.perf_counter() - began
 
 
-def _outcome(variant: Variant, message: dict, ended: str | None, code: int | None, steps: int,
-             wall: float, rows: np.ndarray, requests: np.ndarray) -> RunOutcome:
-    """What the child's last message, or its silence, says about the run, with what it
+def _outcome(variant: Variant, message: Ended | None, ended: str | None, code: int | None,
+             steps: int, wall: float, rows: np.ndarray, requests: np.ndarray) -> RunOutcome:
+    """What the child's last message, or its silence (None), says about the run, with what it
     sampled (a killed child's rows too, up to its last spill)."""
-    estimate = message.get("estimate", 0)
-    if message.get("refused"):
-        return RunOutcome(variant, "refused", rows, message["refused"], None, 0, wall, estimate)
-    if ended == INTERRUPTED or message.get("interrupted"):  # a SIGTERM may reach it first
-        stopped = ("stopped" if "spooled" in message
+    said = message or Ended()
+    if said.refused:
+        return RunOutcome(variant, "refused", rows, said.refused, None, 0, wall, said.estimate)
+    if ended == INTERRUPTED or said.interrupted:  # a SIGTERM may reach it first
+        stopped = ("stopped" if message is not None
                    else f"{how(code)} before it had stopped (it has {INTERRUPT_GRACE:g} s)")
         return RunOutcome(variant, INTERRUPTED, rows,
                           f"interrupted at step {steps}: the variant's process {stopped}; "
                           "the report holds what was sampled until then", code, steps, wall,
-                          estimate, message.get("store_stats"), message.get("model"), requests)
+                          said.estimate, said.store_stats, said.model, requests)
     if ended:
         error = f"{ended} at step {steps}: the variant's process was killed"
-    elif message.get("error"):
-        error = message["error"]
-    elif not message.get("completed"):
+    elif said.error:
+        error = said.error
+    elif not said.completed:
         error = (f"the variant's process {how(code)} at step {steps} before completing its "
                  "workload")
     else:
-        return RunOutcome(variant, "ok", rows, None, code, steps, wall, estimate,
-                          message.get("store_stats"), message.get("model"), requests)
-    return RunOutcome(variant, "failed", rows, error, code, steps, wall, estimate,
+        return RunOutcome(variant, "ok", rows, None, code, steps, wall, said.estimate,
+                          said.store_stats, said.model, requests)
+    return RunOutcome(variant, "failed", rows, error, code, steps, wall, said.estimate,
                       requests=requests)
