@@ -1,6 +1,7 @@
 """The batch variant of the preallocated sliding-window cache (seed 002), as mlx-lm's
 `BatchRotatingKVCache`: one `max_size` buffer per row, written in place, with mlx-lm's
-bookkeeping for left padding and rotation (reference_impl.rotating explains the single cache).
+bookkeeping for left padding and rotation (reference_impl.rotating_window explains the single
+cache).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from mlx_lm.models.base import create_causal_mask
 from harness.components.protocols import with_estimate
 from harness.models.geometry import LayerSpec
 
-from .rotating import PreallocatedRotatingKVCache, _estimate_bytes, _window
+from .rotating_window import PreallocatedRotatingKVCache, estimate_bytes, window_size
 
 
 class PreallocatedBatchRotatingKVCache(PreallocatedRotatingKVCache):
@@ -222,9 +223,9 @@ class PreallocatedBatchRotatingKVCache(PreallocatedRotatingKVCache):
 PreallocatedRotatingKVCache.batch = PreallocatedBatchRotatingKVCache
 
 
-@with_estimate(_estimate_bytes)
+@with_estimate(estimate_bytes)
 def batch_rotating(
     spec: LayerSpec, max_size: int | None = None, left_padding: list[int] | None = None
 ) -> PreallocatedBatchRotatingKVCache:
     """Factory for `reference.batch_rotating`: rows unpadded unless `left_padding` says."""
-    return PreallocatedBatchRotatingKVCache(_window(spec, max_size), left_padding or [0] * spec.batch)
+    return PreallocatedBatchRotatingKVCache(window_size(spec, max_size), left_padding or [0] * spec.batch)

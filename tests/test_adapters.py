@@ -10,7 +10,8 @@ import yaml
 from mlx_lm.models.cache import KVCache
 
 from harness.cli import main
-from harness.components.adapters import RemainingStore, remaining, store_stats
+from harness.components.adapters import RemainingStore, store_stats
+from harness.components.registry import remaining
 from harness.run.probe import Probe, to_frame
 from harness.run.synthetic_engine import SyntheticEngine
 

@@ -4,7 +4,8 @@ mlx-lm's layer caches are built by the factories below, which only translate a l
 into their constructor arguments (`mlx_lm.KVCache` and the others in
 `harness.components.REGISTRY`).
 
-`adapt.remaining` wraps a store whose `fetch(tokens)` returns `(cache, remaining_tokens)`, as
+`RemainingStore` (`adapt.remaining`, built in the registry, which resolves the store it wraps)
+wraps a store whose `fetch(tokens)` returns `(cache, remaining_tokens)`, as
 mlx-lm's prompt caches do, instead of kvmem's `(caches, matched)`:
 
     store: {component: adapt.remaining, options: {store: "pkg.mod:factory", ...its options}}
@@ -29,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 from mlx_lm.models import cache as mlx_cache
 
 from .protocols import LayerCache, StoreBase
-from .registry import resolve
 
 if TYPE_CHECKING:
     from ..models.geometry import Geometry, LayerSpec
@@ -136,14 +136,6 @@ class RemainingStore(StoreBase):
         close = getattr(self.inner, "close", None)
         if close is not None:
             close()
-
-
-def remaining(geometry: Geometry, store: str, **options: Any) -> RemainingStore:
-    """`adapt.remaining`: the store `store` (a registry name or `package.module:factory`),
-    built as `factory(geometry, **options)`, whose fetch returns `(cache, remaining_tokens)`."""
-    if not isinstance(store, str):
-        raise TypeError(f"option 'store': expected a component name, got {type(store).__name__}")
-    return RemainingStore(geometry, resolve(store)(geometry, **options))
 
 
 class LRUPromptStore:

@@ -22,10 +22,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..common.child import Child, how, import_first
 from ..common.echo import MAX_ECHO, clip, echo
+
+if TYPE_CHECKING:
+    from ..models.geometry import Geometry
+    from .adapters import RemainingStore
 
 REGISTRY: dict[str, str] = {
     "mlx_lm.KVCache": "harness.components.adapters:kv_cache",
@@ -40,7 +44,7 @@ REGISTRY: dict[str, str] = {
     "reference.chat": "reference_impl.chat:ChatSession",
     "reference.arrays_state": "reference_impl.arrays_state:arrays_state",
     "mlx_lm.LRUPromptCache": "harness.components.adapters:lru_prompt_cache",
-    "adapt.remaining": "harness.components.adapters:remaining",
+    "adapt.remaining": "harness.components.registry:remaining",
 }
 # The folder whose `examples` holds the example stores and plugins kvmem ships.
 SHIPPED = str(Path(__file__).resolve().parents[1] / "shipped")
@@ -73,6 +77,17 @@ def resolve(name: str) -> Callable[..., Any]:
     if not callable(factory):
         raise ComponentError(f"{echo(module_name)} has no callable {echo(attr)} (from {echo(name)})")
     return factory
+
+
+def remaining(geometry: Geometry, store: str, **options: Any) -> RemainingStore:
+    """`adapt.remaining`: the store `store` (a registry name or `package.module:factory`),
+    built as `factory(geometry, **options)`, whose fetch returns `(cache, remaining_tokens)`.
+    Here, not among the adapters: it resolves a name, and the registry names the adapters."""
+    from .adapters import RemainingStore  # mlx-lm's: imported when a scenario names it
+
+    if not isinstance(store, str):
+        raise TypeError(f"option 'store': expected a component name, got {type(store).__name__}")
+    return RemainingStore(geometry, resolve(store)(geometry, **options))
 
 
 def construct(component: Any, first_arg: Any) -> Any:
