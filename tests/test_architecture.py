@@ -1,13 +1,19 @@
 """The shape of the code: data flows one way, scenario → run → samples → findings → report /
-gate, so `harness/` has no import cycle and no module imports a layer above its own, type-only
-imports included (a type names a concept it depends on)."""
+gate, so `harness/` and `reference_impl/` have no import cycle and no module imports a layer
+above its own. Every way one module reaches another counts: type-only imports (a type names a
+concept it depends on), `importlib.import_module` with a literal name, and a string that names
+a harness module (`"harness.a.b"` or `"harness.a.b:Name"`, imported later by whoever reads it).
+The registry's `reference_impl` names are not counted: they are its data, as a user's own
+`module:factory` is."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 HARNESS = Path(__file__).resolve().parent.parent / "harness"
+ROOTS = (HARNESS, HARNESS.parent / "reference_impl")
 
 # Top to bottom: a module may import its own layer and the layers below it, never one above.
 LAYERS = (
@@ -15,13 +21,16 @@ LAYERS = (
      "harness.protocols", "harness.geometry", "harness.units"),  # and moved names' old paths
     ("harness.adopt", "harness.gate"),  # `kvmem init`; the gate reads summaries, never runs
     ("harness.run",),                   # engines, probe, one process per variant, the suite
+    ("harness.store",),                 # stored results read back: summaries, rows, git, record
     ("harness.report",),                # report folders, plots, terminal tables
     ("harness.scenario",),              # scenario files: schema, loading, checks
     ("harness.judge",),                 # samples → metrics, findings, expectations, summary
+    ("reference_impl",),                # the reference strategies: components, built on geometry
     ("harness.components",),            # cache components: protocols, registry, adapters
     ("harness.models",),                # geometries, presets, real models, model folders
     ("harness.agent", "harness.common"),  # standalone: the agent; small shared pieces
 )
+NAMED = re.compile(r"harness(?:\.\w+)+(?::[\w.]+)?")  # "harness.a.b", "harness.a.b:Name"
 
 
 def _module(path: Path) -> str:
@@ -29,30 +38,59 @@ def _module(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path, modules: set[str]) -> set[str]:
-    """The harness modules `path` imports anywhere: in functions and for type checking too."""
-    name = _module(path)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+def _imported(node: ast.Import | ast.ImportFrom, package: str) -> list[str]:
+    """What an import statement names: modules, and names that may be modules."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:
+        anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+        base = ".".join([*anchor, *([base] if base else [])])
+    return [base] + [f"{base}.{alias.name}" for alias in node.names]
+
+
+def _loaded(node: ast.Call) -> list[str]:
+    """`importlib.import_module("x")` or `import_module("x")` with a literal name: x."""
+    called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+    first = node.args[0] if node.args else None
+    if called == "import_module" and isinstance(first, ast.Constant) and isinstance(first.value, str):
+        return [first.value]
+    return []
+
+
+def _named(node: ast.Constant, modules: set[str]) -> list[str]:
+    """The module a string names, `harness.a.b` or an attribute of it (after a colon or a
+    dot): the longest dotted prefix of it that is a module."""
+    if not (isinstance(node.value, str) and NAMED.fullmatch(node.value)):
+        return []
+    parts = node.value.split(":")[0].split(".")
+    prefixes = (".".join(parts[:end]) for end in range(len(parts), 1, -1))
+    return next(([prefix] for prefix in prefixes if prefix in modules), [])
+
+
+def imports(source: str, name: str, package: str, modules: set[str]) -> set[str]:
+    """The modules among `modules` that the module `name` (in `package`), of text `source`,
+    reaches anywhere: in functions, for type checking, by `import_module` or by name."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, *([base] if base else [])])
-            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
-        else:
-            continue
-        found |= {t for t in targets if t in modules}
-    return found - {name}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.update(_imported(node, package))
+        elif isinstance(node, ast.Call):
+            found.update(_loaded(node))
+        elif isinstance(node, ast.Constant):
+            found.update(_named(node, modules))
+    return (found & modules) - {name}
 
 
 def graph() -> dict[str, set[str]]:
-    files = sorted(HARNESS.rglob("*.py"))
+    files = [path for root in ROOTS for path in sorted(root.rglob("*.py"))]
     modules = {_module(f) for f in files}
-    return {_module(f): _imports(f, modules) for f in files}
+    edges = {}
+    for path in files:
+        name = _module(path)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges[name] = imports(path.read_text(), name, package, modules)
+    return edges
 
 
 def layer(module: str) -> int:
@@ -88,7 +126,7 @@ def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_harness_has_no_import_cycle():
+def test_there_is_no_import_cycle():
     assert _cycle(graph()) is None
 
 
@@ -98,7 +136,7 @@ def test_no_module_imports_a_layer_above_its_own():
     assert upward == []
 
 
-def test_every_harness_module_belongs_to_a_layer():
+def test_every_module_belongs_to_a_layer():
     assert all(layer(module) >= 0 for module in graph())
 
 
@@ -107,13 +145,38 @@ def test_the_cycle_finder_finds_one():
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
+PLANTED = {  # a circle of three modules, each reaching the next another way
+    "harness.x.a": ("harness.x", 'import importlib\nimportlib.import_module("harness.x.b")\n'),
+    "harness.x.b": ("harness.x", 'TABLE = {"c": "harness.x.c:Thing"}\n'),
+    "harness.x.c": ("harness.x", 'from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n'
+                                 '    from . import a\n'),
+}
+
+
+def test_a_cycle_through_import_module_a_named_string_and_a_type_is_found():
+    modules = {*PLANTED, "harness.x"}
+    edges = {name: imports(source, name, package, modules)
+             for name, (package, source) in PLANTED.items()}
+    assert edges == {"harness.x.a": {"harness.x.b"}, "harness.x.b": {"harness.x.c"},
+                     "harness.x.c": {"harness.x", "harness.x.a"}}
+    assert _cycle(edges) == ["harness.x.a", "harness.x.b", "harness.x.c", "harness.x.a"]
+
+
+def test_a_string_that_names_no_module_is_no_edge():
+    modules = {"harness.x", "harness.x.a"}
+    source = 'DOC = "see harness.x.a"\nOTHER = "harness.y.z"\nfrom_module = "x.harness.x.a"\n'
+    assert imports(source, "harness.z", "harness", modules) == set()
+    assert imports('NAME = "harness.x.a.Thing"\n', "harness.z", "harness", modules) == \
+        {"harness.x.a"}
+
+
 def test_a_layer_is_found_by_its_longest_package():
     assert layer("harness") == 0 and layer("harness.cli") == 0
     assert layer("harness.run.suite") == LAYERS.index(("harness.run",))
     assert layer("harness.common.units") == len(LAYERS) - 1
+    assert layer("reference_impl.rotating") == LAYERS.index(("reference_impl",))
 
 
-PRODUCT = (HARNESS, HARNESS.parent / "reference_impl")
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 50
 
@@ -121,7 +184,7 @@ MAX_FUNCTION_LINES = 50
 def test_no_module_or_function_outgrows_a_reading():
     """A module over 500 lines or a function over 50 holds more than one concept: split it."""
     too_long = []
-    for path in (p for root in PRODUCT for p in sorted(root.rglob("*.py"))):
+    for path in (p for root in ROOTS for p in sorted(root.rglob("*.py"))):
         text = path.read_text()
         if len(text.splitlines()) > MAX_MODULE_LINES:
             too_long.append(f"{path.name}: {len(text.splitlines())} lines")
