@@ -71,14 +71,14 @@ class KVProbe:
         call's start, its checkpoints and its end; the leak is fitted over the checkpoints (the
         start and the checkpoints), after `warmup` of them, with a floor of one byte."""
         from harness.judge.at_rest import LeakThresholds, leak
-        from harness.judge.detectors import detect_spec
+        from harness.judge.detectors import DetectSpec
         from harness.judge.metrics import METRICS, RunFacts, Samples
         from harness.run.environment import backend
         from harness.run.probe import to_frame
 
         rows = self._probe.rows()
         found = leak(to_frame(rows[:-1]), LeakThresholds(warmup=warmup, min_bytes=1), backend())
-        samples = Samples(to_frame(rows), [found] if found else [], detect_spec({}),
+        samples = Samples(to_frame(rows), [found] if found else [], DetectSpec(),
                           RunFacts(0.0, 0))
         return {name: METRICS[name].compute(samples) for name in bounds()}
 

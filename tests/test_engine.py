@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from harness.common.units import MiB
 from tests.conftest import TOKEN_BYTES, make_spec, serve
 
 STEP_SLOTS = 256  # mlx-lm's KVCache grows in blocks of 256 slots
@@ -21,7 +22,7 @@ def growth_spec(**extra):
 def test_kvcache_steady_bytes_equal_the_analytic_capacity():
     _frame, _findings, figures = serve(growth_spec())
     # 800 tokens sit in 1024 slots: 4 blocks of 256.
-    assert figures["steady"] == 1024 * TOKEN_BYTES == 16 * 2**20
+    assert figures["steady"] == 1024 * TOKEN_BYTES == 16 * MiB
     assert figures["minimum"] == 800 * TOKEN_BYTES
     assert figures["overhead_ratio"] == round(1024 / 800, 4)
     assert figures["retained"] == 0
@@ -47,7 +48,7 @@ def test_kvcache_growth_steps_are_found_at_every_256_token_boundary():
     # old buffer and block (its 1024 slots: a layer's K, an eighth of a token's bytes over the
     # four layers), less the token's own K/V. At most, all eight are alive at once.
     last_array = 1024 * TOKEN_BYTES // 8
-    assert last_array - TOKEN_BYTES <= by_kind["spike"].bytes <= 1024 * TOKEN_BYTES + 2**20
+    assert last_array - TOKEN_BYTES <= by_kind["spike"].bytes <= 1024 * TOKEN_BYTES + MiB
 
 
 
@@ -118,19 +119,31 @@ def test_sliding_layers_hold_their_window_and_recurrent_layers_a_fixed_state():
     assert not [f for f in findings if f.kind in ("leak", "retained", "host_memory")]
 
 
-def test_an_engine_is_one_module_and_one_entry(monkeypatch):
-    """Registered in the table the schema reads, a module implementing the engine protocol is
-    validated, sized, created and served, and its rows are judged as any engine's."""
+def test_an_engine_is_one_module_imported_where_its_name_is_looked_up(monkeypatch):
+    """The class `engine_class` imports for a name, at the time it is named, is what sizes,
+    serves and is judged as any engine's: a module implementing the engine protocol, put in
+    the place of the synthetic engine's."""
+    from harness.run import synthetic_engine
     from harness.run.isolation import estimate_bytes
-    from harness.scenario.engines import ENGINES, EngineEntry
     from tests.conftest import serve_with_engine
     from tests.fixtures.quiet_engine import ESTIMATE, QuietEngine
 
-    monkeypatch.setitem(ENGINES, "quiet", EngineEntry("tests.fixtures.quiet_engine:QuietEngine",
-                                                      real_model=False, http=False))
-    spec = make_spec(engine="quiet", workload={"requests": [{"prompt": 8}] * 3})
+    monkeypatch.setattr(synthetic_engine, "SyntheticEngine", QuietEngine)
+    spec = make_spec(workload={"requests": [{"prompt": 8}] * 3})
     assert estimate_bytes(spec) == ESTIMATE
     engine, frame, findings, figures = serve_with_engine(spec)
     assert isinstance(engine, QuietEngine)
     assert frame["phase"].tolist() == ["idle"] * 4 and findings == []
     assert (figures["steps"], figures["final"]) == (4, 0)
+
+
+def test_each_engine_name_has_its_entry_and_its_class():
+    """`engine:`'s names, the table of what each serves, and the classes serving them agree."""
+    from typing import get_args
+
+    from harness.run.engines import engine_class
+    from harness.scenario.engines import ENGINES, EngineName
+
+    assert get_args(EngineName) == tuple(ENGINES)
+    assert {name: engine_class(name).__name__ for name in ENGINES} == {
+        "synthetic": "SyntheticEngine", "mlx_lm": "ModelEngine", "server": "ServerEngine"}

@@ -7,6 +7,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from harness.common.units import Size
 from harness.gate import compare as cmp
 from harness.gate import history
 from harness.gate.formats import render_json
@@ -49,15 +50,19 @@ def test_a_registered_metric_is_compared_and_rendered(monkeypatch):
 
 
 def test_a_registered_metric_is_shown_and_bounded(tmp_path, monkeypatch, capsys):
-    """With a column, `kvmem show` (and `run`) shows it; with a budget, a scenario bounds it
-    under `expect:`, checked in the registry's order after the others."""
+    """With a column, `kvmem show` (and `run`) shows it; with a budget (and its field in
+    ExpectSpec), a scenario bounds it under `expect:`, checked in the registry's order after
+    the others."""
     from harness.cli import main
-    from harness.judge.expect import check
+    from harness.judge.expect import ExpectSpec, check
+
+    class BoundedExpect(ExpectSpec):
+        cache_at_end: Size | None = None
 
     monkeypatch.setitem(METRICS, "cache_at_end", replace(CACHE_AT_END, column=True,
                                                          budget="cache_at_end"))
-    spec = make_spec(workload={"requests": [{"prompt": 64, "decode": 4}]},
-                     expect={"cache_at_end": "1 B"})
+    spec = make_spec(workload={"requests": [{"prompt": 64, "decode": 4}]}).model_copy(
+        update={"expect": BoundedExpect.model_validate({"cache_at_end": "1 B"})})
     _, findings, figures = serve(spec)
     (bound,) = [e for e in check(spec.expect, findings, figures) if e.name == "cache_at_end"]
     assert (bound.expected, bound.ok) == ("<= 1 B", figures["cache_at_end"] <= 1)

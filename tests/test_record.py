@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from harness.cli import main
-from harness.judge.detectors import detect_spec
+from harness.judge.detectors import DetectSpec
 from harness.judge.over_time import DriftThresholds, drift, fit, parse_rate
 from harness.models.folder import folder
 from harness.models.loading import ModelChoice
@@ -517,7 +517,7 @@ def test_drift_leaves_flat_noisy_small_and_scenario_runs_alone() -> None:
 
 
 def test_drift_thresholds_take_sizes_and_rates() -> None:
-    spec = detect_spec({"drift": {"budget": "64 MiB", "rate": "5 MiB/s"}})
+    spec = DetectSpec.model_validate({"drift": {"budget": "64 MiB", "rate": "5 MiB/s"}})
     assert (spec.drift.budget, spec.drift.rate) == (64 * MiB, 5 * MiB)
     line = fit([0.0, 1.0, 2.0], [0, 2, 4])
     assert line is not None

@@ -1,11 +1,12 @@
 """Detectors: functions from one run's samples to a finding, registered in `DETECTORS`.
 
-The registry drives everything a detector touches: `detect()` runs each entry, a scenario's
-`detect.<name>` block is validated against the entry's thresholds class (`DetectSpec`),
-`expect.<name>` defaults to the entry's `expected`, and the plot marks its steps with the
-entry's marker. Adding a detector is one function and one thresholds class (in per_step.py or
-at_rest.py, by what it reads) and one registry entry here. Each thresholds class holds its
-defaults; docs/detectors.md gives every rule with them (a test holds the page to the classes).
+The registry drives what a detector does: `detect()` runs each entry, `expect.<name>` defaults
+to the entry's `expected`, and the plot marks its steps with the entry's marker. A scenario's
+`detect.<name>` and `expect.<name>` are declared fields (`DetectSpec` here, `ExpectSpec` in
+expect.py), one per entry. Adding a detector is one function and one thresholds class (in
+per_step.py or at_rest.py, by what it reads), one registry entry here and those two fields.
+Each thresholds class holds its defaults; docs/detectors.md gives every rule with them (a test
+holds the page to the classes).
 
 Notation (harness.judge.frames): all bytes above the run's baseline b; per step `active` a,
 the step's `peak` p, the components' `logical` bytes l, the analytic `minimum` m, the step's
@@ -88,11 +89,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BeforeValidator, ConfigDict
+from pydantic import Field
 
-from ..common.strict import Strict, registered
+from ..common.strict import Strict
 from .at_rest import (
     GcThresholds,
     HostThresholds,
@@ -189,26 +190,41 @@ DETECTORS: dict[str, Detector] = {
 
 
 class DetectSpec(Strict):
-    """`detect:` in a scenario: each registered detector's thresholds under its name.
+    """`detect:` in a scenario: each detector's settings under its name, its defaults where the
+    scenario states none. One field per entry of DETECTORS, in its order (tests/test_detect.py
+    holds them equal), so editors, the JSON Schema and mypy all see every detector."""
 
-    Validated against the registry as it stands when a scenario is read (`registered`), so a
-    detector registered after import is known and a name not registered is unknown; the
-    thresholds are held as extra fields, so a spec pickles (to a variant's child) by value.
-    """
-
-    model_config = ConfigDict(extra="allow", defer_build=True)
-
-    if TYPE_CHECKING:
-        def __getattr__(self, name: str) -> Any: ...
-
-
-def _thresholds() -> dict[str, tuple[Any, Any]]:
-    return {name: (d.thresholds, d.thresholds()) for name, d in DETECTORS.items()}
-
-
-# `detect:`'s validator (the schema's field takes it as its BeforeValidator), and its default.
-detect_spec = registered(DetectSpec, _thresholds)
-Detect = Annotated[DetectSpec, BeforeValidator(detect_spec)]
+    spike: SpikeThresholds = Field(default=SpikeThresholds(), description=(
+        "A step's peak above the memory before and after it: a buffer rebuilt while the old "
+        "one was alive."))
+    growth: GrowthThresholds = Field(default=GrowthThresholds(), description=(
+        "Active memory rising by more than the step's tokens explain."))
+    leak: LeakThresholds = Field(default=LeakThresholds(), description=(
+        "Memory at rest that nothing accounts for, rising request after request."))
+    unbounded: UnboundedThresholds = Field(default=UnboundedThresholds(), description=(
+        "The bytes the components report growing with no plateau, or over `budget`."))
+    plateau: PlateauThresholds = Field(default=PlateauThresholds(), description=(
+        "Memory at rest that rose, then held: a cache filled to its budget."))
+    preallocated: PreallocatedThresholds = Field(default=PreallocatedThresholds(), description=(
+        "Caches allocated ahead of their tokens and mostly empty."))
+    retained: RetainedThresholds = Field(default=RetainedThresholds(), description=(
+        "The allocator holding more than the components report (a slice keeping its buffer)."))
+    aliased: AliasThresholds = Field(default=AliasThresholds(), description=(
+        "The components reporting more than MLX holds: arrays counted twice."))
+    host_memory: HostThresholds = Field(default=HostThresholds(), description=(
+        "Process memory growing outside MLX: bytes or NumPy copies held on the host."))
+    gc_deferred: GcThresholds = Field(default=GcThresholds(), description=(
+        "Unreachable reference cycles holding MLX buffers until the collector runs."))
+    pooled: PooledThresholds = Field(default=PooledThresholds(), description=(
+        "MLX's buffer cache holding freed buffers at rest."))
+    over_cap: OverCapThresholds = Field(default=OverCapThresholds(), description=(
+        "A server's cache holding more at rest than its own configured cap."))
+    overclaimed: OverclaimThresholds = Field(default=OverclaimThresholds(), description=(
+        "The cache's own byte count growing beyond what memory holds."))
+    buffers: BuffersThresholds = Field(default=BuffersThresholds(), description=(
+        "Live MLX buffers at rest piling up while bytes hardly grow."))
+    drift: DriftThresholds = Field(default=DriftThresholds(), description=(
+        "A recorded process's memory trending up against time (`kvmem record`)."))
 
 
 def detect(frame: pd.DataFrame, thresholds: DetectSpec, backend: str) -> list[Finding]:

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, Discriminator, Field, Tag
+from pydantic import AfterValidator, Discriminator, Field, Tag
 
-from ..common.strict import Number, Strict, registered, tagged
+from ..common.strict import Number, Strict, tagged
 from ..common.units import Size
 from .detectors import DETECTORS, Presence
 from .metrics import BYTES, METRICS, gated
@@ -56,34 +56,46 @@ def _gated(name: str) -> str:
 GatedName = Annotated[str, AfterValidator(_gated)]
 
 
+Ratio = Annotated[Number, Field(gt=0.0)]
+Expected = Presence | None  # a presence, or null: not checked
+
+
+def _presence_field(name: str, description: str) -> Any:
+    """A detector's presence, defaulting to its registry entry's `expected`."""
+    return Field(default=DETECTORS[name].expected, description=description)
+
+
 class ExpectSpec(Strict):
-    """`expect:`: spike's presence or bound and `kvmem compare`'s tolerances; each other
-    registered detector's presence (`none` or `detected`, defaulting to its registry entry's
-    `expected`) and each metric's budget are extra fields, validated as DetectSpec's are."""
+    """`expect:`: each detector's presence (`none` or `detected`; null: not checked), spike's
+    presence or bound, each metric's budget, and `kvmem compare`'s tolerances. One presence
+    per entry of DETECTORS, defaulting to its `expected`, and one budget per metric with a
+    `budget` (tests/test_detect.py and tests/test_metrics.py hold them equal)."""
 
-    model_config = ConfigDict(extra="allow", defer_build=True)
-
-    spike: SpikeExpectation | None = None
-    compare: dict[GatedName, ToleranceSpec] = Field(default_factory=dict)
-
-    if TYPE_CHECKING:
-        def __getattr__(self, name: str) -> Any: ...
-
-
-def _fields() -> dict[str, tuple[Any, Any]]:
-    """Each detector's presence but spike's (declared), then each metric's budget."""
-    presences = {name: ((BufferExpectation if name == "buffers" else Presence) | None,
-                        d.expected)
-                 for name, d in DETECTORS.items() if name != "spike"}
-    budgets = {m.budget: ((Size if m.unit == BYTES else Annotated[Number, Field(gt=0.0)])
-                          | None, None)
-               for m in METRICS.values() if m.budget is not None}
-    return {**presences, **budgets}
-
-
-# `expect:`'s validator (the schema's field takes it as its BeforeValidator).
-expect_spec = registered(ExpectSpec, _fields)
-Expect = Annotated[ExpectSpec, BeforeValidator(expect_spec)]
+    spike: SpikeExpectation | None = Field(default=None, description=(
+        "`none`, `detected`, or {max_ratio: X}, a bound on the spike ratio."))
+    compare: dict[GatedName, ToleranceSpec] = Field(default_factory=dict, description=(
+        "The gate's tolerance per metric ({rel, abs}), applied to the base."))
+    growth: Expected = _presence_field("growth", "Growth beyond the tokens' bytes.")
+    leak: Expected = _presence_field("leak", "Memory at rest nothing accounts for, rising.")
+    unbounded: Expected = _presence_field("unbounded", "Reported bytes growing unbounded.")
+    plateau: Expected = _presence_field("plateau", "Memory at rest that rose, then held.")
+    preallocated: Expected = _presence_field("preallocated", "Caches allocated ahead.")
+    retained: Expected = _presence_field("retained", "More held than the components report.")
+    aliased: Expected = _presence_field("aliased", "The same arrays counted twice.")
+    host_memory: Expected = _presence_field("host_memory", "Process memory outside MLX.")
+    gc_deferred: Expected = _presence_field("gc_deferred", "Cycles holding MLX buffers.")
+    pooled: Expected = _presence_field("pooled", "Freed buffers kept in MLX's cache.")
+    over_cap: Expected = _presence_field("over_cap", "A server's cache over its own cap.")
+    overclaimed: Expected = _presence_field("overclaimed", "A byte count beyond memory.")
+    buffers: BufferExpectation | None = _presence_field("buffers", (
+        "`none`, `detected`, or the most live MLX buffers at rest (a count)."))
+    drift: Expected = _presence_field("drift", "A recorded process's trend against time.")
+    peak: Size | None = Field(default=None, description="A budget for the peak metric (bytes).")
+    steady: Size | None = Field(default=None, description="A budget for the steady metric (bytes).")
+    final: Size | None = Field(default=None, description="A budget for the final metric (bytes).")
+    per_token: Size | None = Field(default=None, description="A budget for the bytes per token.")
+    overhead: Ratio | None = Field(default=None, description=(
+        "A budget for the overhead ratio against the analytic minimum."))
 
 
 def _presence(name: str, expected: Presence, findings: list[Finding],

@@ -1,19 +1,18 @@
 """What every engine is: the protocol the synthetic, mlx_lm and server engines implement, the
 failure an engine reports in its own words, and the engine a scenario names.
 
-The names and their import paths are `harness.scenario.engines.ENGINES` (the schema checks a
-scenario against them); an engine's module is imported only when a variant names it, so
-mlx-lm's model code is imported for `engine: mlx_lm` alone. A new engine is one module
-implementing `Engine` and one entry in that table.
+The names are `harness.scenario.engines.EngineName` (the schema checks a scenario against
+them); an engine's module is imported here alone, only when a variant names it, so mlx-lm's
+model code is imported for `engine: mlx_lm` alone. A new engine is one module implementing
+`Engine`, its name and entry in harness.scenario.engines, and one branch in `engine_class`.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from ..scenario.engines import ENGINES
+from ..scenario.engines import EngineName
 
 if TYPE_CHECKING:
     from ..judge.summary import ModelFacts
@@ -57,11 +56,18 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
-def engine_class(name: str) -> type[Engine]:
-    """The class serving `engine: name`, imported now."""
-    module, _, attribute = ENGINES[name].path.partition(":")
-    found: type[Engine] = getattr(importlib.import_module(module), attribute)
-    return found
+def engine_class(name: EngineName) -> type[Engine]:
+    """The class serving `engine: name`, its module imported now (the one place engines are
+    imported, each where it is named)."""
+    if name == "mlx_lm":
+        from .model_engine import ModelEngine
+        return ModelEngine
+    if name == "server":
+        from .server_engine import ServerEngine
+        return ServerEngine
+    assert name == "synthetic", name
+    from .synthetic_engine import SyntheticEngine
+    return SyntheticEngine
 
 
 def create(spec: ScenarioSpec, probe: Probe,

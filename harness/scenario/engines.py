@@ -1,31 +1,35 @@
 """The engines a scenario's `engine:` may name, and what each serves: the schema checks a
-scenario against this table, and `harness.run.engines` imports the class an entry names, by
-its import path (so neither the schema nor this table imports an engine, nor MLX's models).
+scenario against this table. The class serving each is `harness.run.engines.engine_class`'s,
+imported only when a variant names it (so neither the schema nor this table imports an engine,
+nor MLX's models).
 
-A new engine is one module under `harness/run/` and one entry here.
+A new engine is one module under `harness/run/`, its name in `EngineName`, one entry here and
+one branch in `engine_class`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+EngineName = Literal["synthetic", "mlx_lm", "server"]
 
 
 @dataclass(frozen=True)
 class EngineEntry:
-    """`path`: the `module:Class` serving it. `real_model`: it builds a real mlx-lm model
-    (`model:` names an mlx-lm preset or a local folder), else it feeds a geometry's synthetic
-    K/V to the cache components. `http`: it sends `workload.http` to a server process, else
-    it serves requests or a chat itself."""
+    """`real_model`: it builds a real mlx-lm model (`model:` names an mlx-lm preset or a local
+    folder), else it feeds a geometry's synthetic K/V to the cache components. `http`: it sends
+    `workload.http` to a server process, else it serves requests or a chat itself."""
 
-    path: str
     real_model: bool
     http: bool
 
 
-ENGINES: dict[str, EngineEntry] = {
-    "synthetic": EngineEntry("harness.run.synthetic_engine:SyntheticEngine", real_model=False, http=False),
-    "mlx_lm": EngineEntry("harness.run.model_engine:ModelEngine", real_model=True, http=False),
-    "server": EngineEntry("harness.run.server_engine:ServerEngine", real_model=True, http=True),
+# In EngineName's order (tests/test_engine.py holds them equal).
+ENGINES: dict[EngineName, EngineEntry] = {
+    "synthetic": EngineEntry(real_model=False, http=False),
+    "mlx_lm": EngineEntry(real_model=True, http=False),
+    "server": EngineEntry(real_model=True, http=True),
 }
 
 

@@ -11,17 +11,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, model_validator
+from pydantic_core import PydanticCustomError
 
 from ..common.echo import echo
 from ..common.names import MAX_NAME, Flaw, flaw
 from ..common.strict import Number, Strict, tagged
 from ..common.units import Size
-from ..judge.detectors import Detect, detect_spec
-from ..judge.expect import Expect, expect_spec
+from ..judge.detectors import DetectSpec
+from ..judge.expect import ExpectSpec
 from ..models import geometry as geo
 from ..models import loading as models
 from ..models import presets
-from .engines import ENGINES, named
+from .engines import ENGINES, EngineName, named
 from .server import HttpSpec, ServerSpec
 
 # Counts are strict integers (a bool or 1.5 is a mistake, not 1) with a sane upper bound, so a
@@ -103,14 +104,16 @@ else:
     LayerCut = tagged(scalar=Layers, list=list[LayerGroup])
 
 
-def _known_engine(name: str) -> str:
-    """An engine of harness.scenario.engines, as the table stands when the file is read."""
+def _known_engine(name: Any) -> Any:
+    """An engine of harness.scenario.engines, said in the words a misspelt name needs."""
+    if not isinstance(name, str):
+        raise PydanticCustomError("string_type", "Input should be a valid string")
     if name not in ENGINES:
         raise ValueError(f"unknown engine {echo(name)}: expected one of {', '.join(ENGINES)}")
     return name
 
 
-EngineName = Annotated[str, Field(strict=True), AfterValidator(_known_engine)]
+Engine = Annotated[EngineName, BeforeValidator(_known_engine)]
 
 
 class QuantizeSpec(Strict):
@@ -266,15 +269,15 @@ class ScenarioSpec(Strict):
     description: Annotated[str, Field(strict=True)] = ""
     # What serves the workload (harness.scenario.engines): seeded K/V fed to the caches, a
     # real mlx-lm model with random weights, or a real server process under HTTP traffic.
-    engine: EngineName = "synthetic"
+    engine: Engine = "synthetic"
     server: ServerSpec | None = None
     model: Annotated[ModelSpec, BeforeValidator(
         lambda v: {"preset": v} if isinstance(v, str) else v)]
     cache: CacheSpec = CacheSpec()
     workload: WorkloadSpec
     sampling: SamplingSpec = SamplingSpec()
-    detect: Detect = Field(default_factory=lambda: detect_spec({}))
-    expect: Expect = Field(default_factory=lambda: expect_spec({}))
+    detect: DetectSpec = Field(default_factory=DetectSpec)
+    expect: ExpectSpec = Field(default_factory=ExpectSpec)
     # Seconds a variant may run before its process is killed; `--timeout` overrides it.
     timeout: Annotated[Number, Field(gt=0)] | None = None
 
