@@ -28,6 +28,7 @@ import psutil
 import pytest
 
 from harness.agent.kvmem_agent import PHASES, current_rss
+from harness.common.units import MiB
 from harness.judge.summary import ModelFacts
 from harness.models.folder import folder
 from harness.models.loading import ModelChoice
@@ -39,7 +40,6 @@ from harness.run.suite import requests_frame, summarize, write
 from harness.scenario import ScenarioSpec, Variant
 
 FIXTURES = Path(__file__).parents[1] / "tests" / "fixtures" / "server"
-MiB = 2**20
 
 REQUESTS = 10_000
 RATE = 250  # requests a second offered

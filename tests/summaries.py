@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-MiB = 1 << 20
+from harness.common.units import MiB
 
 # A small prefix-store scenario for end-to-end runs (about 2 s each): `trim: slice` is its bug.
 TRIM_SCENARIO = """\

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import harness.cli
 from harness.cli import main
+from harness.common.units import MiB
 from harness.components import registry as components
 from harness.gate import compare
 from harness.judge import metrics
@@ -116,7 +117,7 @@ def test_run_over_the_whole_corpus_stops_at_the_first_bad_file(tmp_path, capsys)
     ("workload: {requests: [{prompt: 16}]}\nexpect: {peak: 8 PiB}\n".replace("8 PiB", str(2**53)),
      lambda s: s[0].spec.expect.peak == 2**53),
     ("workload: {requests: [{prompt: 16}]}\nexpect: {compare: {rss_peak: {rel: 0.1, abs: 64 MiB}}}\n",
-     lambda s: s[0].spec.expect.compare["rss_peak"].abs == 64 * 2**20),
+     lambda s: s[0].spec.expect.compare["rss_peak"].abs == 64 * MiB),
     ("defaults: &d {prompt: 16, decode: 2}\n", None),  # an unknown field, even as an anchor holder
     ("workload:\n  requests:\n    - &r {prompt: 16, decode: 2}\n    - {<<: *r, decode: 4}\n",
      lambda s: s[0].spec.workload.requests[1].decode == 4),  # a merge key may be overridden
@@ -137,7 +138,7 @@ def test_strict_loading_keeps_what_is_fine(tmp_path, text, check):
 
 def summary(**changes) -> dict:
     data = {"schema": 1, "scenario": "s", "variant": "v", "status": "ok", "error": None,
-            "metrics": {"peak": 2**20, "steady": 2**19}, "findings": [], "expectations": [],
+            "metrics": {"peak": MiB, "steady": 2**19}, "findings": [], "expectations": [],
             "passed": True, "environment": {"backend": "cpu"}}
     data.update(changes)
     return {k: v for k, v in data.items() if v is not ...}

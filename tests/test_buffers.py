@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from harness.common.units import KiB, MiB
 from harness.judge import detectors as detect
 from harness.judge.buffers import BuffersThresholds, buffers
 from harness.judge.expect import check
@@ -16,7 +17,6 @@ from harness.judge.metrics import RunFacts, Samples, figures
 from harness.scenario import ScenarioSpec, load_variants
 from tests.conftest import make_spec, serve
 
-KiB, MiB = 2**10, 2**20
 BASE = 100 * MiB
 WORKLOAD = {"requests": [{"prompt": 16, "decode": 4}]}
 

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from harness.common.units import MiB
 from harness.judge import at_rest, expect
 from harness.scenario import ScenarioSpec, load_variants
 from tests.conftest import serve
 
 CANARIES = Path(__file__).resolve().parent.parent / "scenarios" / "canaries.yaml"
 RUNS = 10
-MiB = 2**20
 GROWING = {"spike", "growth"}   # mlx-lm's KVCache growing over an 8,192-token prompt, unchecked
 
 # variant: (the finding it must raise, or None for a twin; the kinds it may raise besides)

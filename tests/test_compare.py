@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.common.units import format_bytes
+from harness.common.units import GiB, format_bytes
 from harness.gate import compare as cmp
 from harness.gate import tolerance
 from harness.gate.render import COMMENT_LIMIT, MARKER, render_markdown, sparkline
@@ -264,7 +264,7 @@ def test_sparkline_scale():
 
 
 def test_format_bytes():
-    assert [format_bytes(v) for v in (0, 512, 1536, 8 * MiB, 5 * 2**30)] == \
+    assert [format_bytes(v) for v in (0, 512, 1536, 8 * MiB, 5 * GiB)] == \
         ["0 B", "512 B", "1.5 KiB", "8 MiB", "5 GiB"]
     assert format_bytes(-3 * MiB, signed=True) == "-3 MiB"
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.common.units import MiB
 from harness.judge import expect
 from harness.judge.records import Finding
 from harness.scenario import ScenarioError, ScenarioSpec, load_variants
@@ -16,7 +17,6 @@ from tests.conftest import serve
 
 CORPUS = Path(__file__).resolve().parent / "fixtures" / "corpus.yaml"
 RUNS = 10
-MiB = 2**20
 # mlx-lm's KVCache grows by concatenation when a request decodes onto caches a hit gave back.
 GROWING = {"growth", "spike"}
 

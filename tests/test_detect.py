@@ -13,7 +13,7 @@ import pytest
 from matplotlib.axes import Axes
 from pydantic import TypeAdapter
 
-from harness.common.units import Size, format_bytes
+from harness.common.units import KiB, MiB, Size, format_bytes
 from harness.judge import detectors as detect
 from harness.judge import expect
 from harness.judge.at_rest import LeakThresholds
@@ -29,7 +29,7 @@ WORKLOAD = {"requests": [{"prompt": 64, "decode": 4}]}   # 64 tokens of 16 KiB: 
 
 
 class TinyRiseThresholds(Thresholds):
-    min_bytes: Size = 2**20
+    min_bytes: Size = MiB
 
 
 def tiny_rise(frame: pd.DataFrame, t: TinyRiseThresholds, backend: str) -> Finding | None:
@@ -98,7 +98,7 @@ def test_one_registry_entry_and_its_fields_are_configured_expected_checked_and_d
     spec = make_spec(workload=WORKLOAD).model_copy(update={
         "detect": TinyDetect.model_validate({"tiny_rise": {"min_bytes": "64 KiB"}}),
         "expect": TinyExpect.model_validate({"tiny_rise": "detected"})})
-    assert spec.detect.tiny_rise == TinyRiseThresholds(min_bytes=64 * 2**10)
+    assert spec.detect.tiny_rise == TinyRiseThresholds(min_bytes=64 * KiB)
     assert spec.detect.leak == LeakThresholds()           # detectors not named: defaults
     assert pickle.loads(pickle.dumps(spec)) == spec                # as sent to a variant's child
 
@@ -170,7 +170,6 @@ def test_the_detectors_page_gives_each_detectors_defaults_and_expectation(name):
 
 
 # At-rest detectors on constructed samples: a baseline, then one quiescent point per request.
-MiB = 2**20
 BASE = 100 * MiB
 
 
@@ -392,7 +391,7 @@ def test_the_same_rising_excess_is_a_leak_when_the_reported_bytes_stand_still():
 
 
 def test_bytes_only_the_cycle_collector_freed_at_rest_are_gc_deferred():
-    frame = at_rest([MiB] * 4, [MiB] * 4, cyclic=[0, MiB, 3 * MiB, 64 * 2**10])
+    frame = at_rest([MiB] * 4, [MiB] * 4, cyclic=[0, MiB, 3 * MiB, 64 * KiB])
     frame.loc[0, "cyclic"] = 50 * MiB                # before the run: not the run's
     found = kinds(frame)
     assert set(found) == {"gc_deferred"}
@@ -416,7 +415,6 @@ def test_a_buffer_cache_holding_more_than_the_floor_at_rest_is_pooled():
 
 # preallocated, on served runs: 4 sliding layers of 8 KV heads of 128 in float16 (16 KiB a
 # token) with a window of 4,096 tokens, 64 MiB allocated up front by the reference cache.
-KiB = 2**10
 WINDOWED = {"dtype": "float16", "vocab": 1024,
             "layers": [{"count": 4, "kind": "sliding", "kv_heads": 8, "head_dim": 128, "window": 4096}]}
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from harness.cli import parser
+from harness.common.units import MiB
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
-MiB = 1 << 20
 
 
 def _section(text: str, heading: str) -> str:

@@ -10,13 +10,12 @@ import json
 import shutil
 from pathlib import Path, PurePosixPath
 
+from harness.common.units import MiB
 from tests import test_gate_pr as scratch
 from tests.test_gate_pr import AFTER, FILE, commit, edit, failing, gate, git, init_repository
 
 # The scratch repository and a pull request's branch of it.
 recorded, branch = scratch.recorded, scratch.branch
-
-MiB = 1 << 20
 
 
 def head_reports(change, to: str = "reports-head") -> Path:

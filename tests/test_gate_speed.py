@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from harness.common.units import KiB, MiB
 from harness.judge.at_rest import HostThresholds, host_rate
 from harness.run.probe import to_frame
 from harness.scenario import load_variants
@@ -24,7 +25,6 @@ from tests.test_serve import FIXTURES
 # The scratch repository of tests/test_gate_pr.py and a pull request's branch of it.
 recorded, branch = scratch.recorded, scratch.branch
 
-KiB, MiB = 1 << 10, 1 << 20
 # Three conversations and two lone prompts, arriving faster than a slow server answers them.
 TRACE = [
     {"messages": [{"role": "user", "content": f"turn {turn} of {name}"}], "session": name,

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import pytest
 
+from harness.common.units import MiB
 from harness.judge.expect import check
 from tests.conftest import TOKEN_BYTES, make_spec, serve
 
 STORE = "tests.fixtures.lazy_store:LazyReloadStore"
 ENTRY = 64 * TOKEN_BYTES                                   # 1,048,576 B a request
-SAVED = 64 * 2**20
+SAVED = 64 * MiB
 
 pytestmark = pytest.mark.usefixtures("exact_allocator")
 

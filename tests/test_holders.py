@@ -6,13 +6,13 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from harness.common.units import MiB
 from harness.judge.holders import NAMED_AT_MOST, held_by, largest, named
 from harness.judge.records import Finding, HeldAtRest, Holder
 from harness.run import holders_log
 from harness.run.holders_log import COLUMNS, GROUP, MAX_GROUPS, HolderLog, bounded
 from harness.run.holders_log import frame as holders_frame
 
-MiB = 1 << 20
 STORE = "examples.leaky_store:LeakyStore._entries[*]"
 WEIGHTS = "mlx_lm.models.llama:LlamaModel.layers[*].mlp.up_proj.weight"
 

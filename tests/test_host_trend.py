@@ -6,11 +6,11 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from harness.common.units import KiB
 from harness.judge.detectors import detect
 from tests.conftest import make_spec, serve
 from tests.test_detect import MiB, at_rest, kinds
 
-KiB = 2**10
 # scenarios/canaries.yaml's model and workload: 4 KiB a token, 256 tokens a request, so a
 # request's keys and values copied into NumPy are 1 MiB.
 CANARY_MODEL = {"dtype": "float16", "vocab": 1024,

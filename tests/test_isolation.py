@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from harness.cli import main
+from harness.common.units import GiB, MiB
 from harness.report import folder as report
 from harness.report.folder import reserve
 from tests.signals import interruptible
@@ -78,9 +79,9 @@ def test_a_variant_that_cannot_fit_is_refused_with_its_estimate(tmp_path):
     refused = summary(out, "default", "huge")
     assert refused["status"] == "refused"
     # 4,000,256 tokens x 144 KiB, twice, plus two 512-token chunks and the runtime slack.
-    estimate = 2 * 4_000_256 * 147456 + 2 * 512 * 147456 + 256 * 2**20
+    estimate = 2 * 4_000_256 * 147456 + 2 * 512 * 147456 + 256 * MiB
     assert refused["metrics"]["estimate"] == estimate
-    assert f"{estimate / 2**30:.2f} GiB" in refused["error"]
+    assert f"{estimate / GiB:.2f} GiB" in refused["error"]
 
 
 EARLY = CRASHES.replace("killed: {cache: {layer: {options: {how: kill}}}}", "").replace(
@@ -149,7 +150,7 @@ def test_a_cache_that_allocates_its_window_up_front_is_refused_by_its_own_estima
     # Two layers of 33,554,432 slots x 4 KiB (K and V, 8 heads x 128 x bf16), a prefill
     # chunk's K/V twice (512 tokens, the default chunk, over 2 layers) and the runtime slack.
     assert refused["metrics"]["estimate"] == (2 * 33554432 * 4096 + 2 * 2 * 512 * 4096
-                                              + 256 * 2**20)
+                                              + 256 * MiB)
 
 
 def test_an_out_that_is_a_file_or_held_by_another_run_is_refused_before_anything_runs(

@@ -16,6 +16,7 @@ import pytest
 
 from harness.agent import kvmem_agent
 from harness.common.child import kvmem_first
+from harness.common.units import MiB
 from harness.run.server_engine import ServerError
 from tests.conftest import make_spec, serve_with_engine
 from tests.test_gate_pr import branch, commit, edit, gate, recorded  # noqa: F401 (fixtures)
@@ -146,7 +147,7 @@ def test_the_agent_reads_past_a_replaced_counter_and_names_it(
     mx.eval(keep)
     monkeypatch.setattr(mx, "get_active_memory", lambda: 0)
     answer = agent.handle({"op": "mark", "request": 0, "turn": -1})
-    assert answer["rows"][0][5] >= 2**20  # MLX's own count, not the replacement's
+    assert answer["rows"][0][5] >= MiB  # MLX's own count, not the replacement's
     assert answer["replaced"] == (
         "mlx.core.get_active_memory was replaced by tests.test_measuring_child."
         "test_the_agent_reads_past_a_replaced_counter_and_names_it.<locals>.<lambda> in the "

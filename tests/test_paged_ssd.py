@@ -15,6 +15,7 @@ import psutil
 import pytest
 from mlx_lm.models.cache import RotatingKVCache
 
+from harness.common.units import MiB
 from harness.models.geometry import build
 from harness.run.recurrent import RecurrentState
 from harness.scenario import WorkloadSpec
@@ -131,9 +132,9 @@ def test_raw_bytes_show_in_rss():
         caches = prefill(store, tokens, chunk=16384, geometry=geometry)
         base, rss = active(), psutil.Process().memory_info().rss
         store.store(tokens, caches)
-        assert store.host_bytes == 2 * 32 * 2**20
+        assert store.host_bytes == 2 * 32 * MiB
         assert active() == base
-        assert psutil.Process().memory_info().rss - rss >= store.host_bytes - 2**20
+        assert psutil.Process().memory_info().rss - rss >= store.host_bytes - MiB
     finally:
         store.close()
 

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from harness.cli import main, parser
+from harness.common.units import GiB, MiB
 from harness.judge.metrics import exact
 from harness.run import isolation
 from harness.run.defaults import usable_cores
@@ -93,7 +94,7 @@ def test_two_jobs_give_the_same_summaries_in_the_same_order(suite, capsys):
 def test_variants_that_do_not_fit_together_never_serve_at_once(suite):
     first, second = load_variants(suite / "scenarios" / "alpha.yaml", ["short", "long"])
     estimates = {v.label: estimate_bytes(v.spec) for v in (first, second)}
-    available = max(estimates.values()) + 2**20  # room for either, never for both
+    available = max(estimates.values()) + MiB  # room for either, never for both
     scheduler = Scheduler(2, lambda: available)
     summaries = run_variants([first, second], suite / "scarce", jobs=2, scheduler=scheduler)
     assert [s.status for s in summaries] == ["ok", "ok"]
@@ -123,8 +124,8 @@ def test_a_variant_that_cannot_fit_even_alone_is_refused(tmp_path, monkeypatch):
         "short": "ok", "huge": "refused", "repeated": "ok"}
     refused = summaries["huge"]
     assert refused["metrics"]["estimate"] == estimate_bytes(huge.spec)
-    assert refused["error"] == (f"estimated footprint {estimate_bytes(huge.spec) / 2**30:.2f} "
-                                f"GiB exceeds the {available / 2**30:.2f} GiB available")
+    assert refused["error"] == (f"estimated footprint {estimate_bytes(huge.spec) / GiB:.2f} "
+                                f"GiB exceeds the {available / GiB:.2f} GiB available")
 
 
 def _admit_in_thread(scheduler: Scheduler, index: int, label: str, estimate: int,

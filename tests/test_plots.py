@@ -11,10 +11,10 @@ from matplotlib.axes import Axes
 from matplotlib.collections import LineCollection, PathCollection
 
 from harness.agent.kvmem_agent import PHASES
+from harness.common.units import GiB, MiB
 from harness.judge.records import MAX_STEPS_LISTED, Finding, listed
 from harness.report.plots import BUCKETS, buckets, draw_variant, plot_variant
 
-MiB = 2**20
 PERIOD = 0.1          # the agent's sampling period in a server
 REST_EVERY = 600      # a sample at rest every 60 s
 
@@ -29,12 +29,12 @@ def server_frame(samples: int, every: int) -> pd.DataFrame:
     phase[bound] = "request"
     phase[i % REST_EVERY == 0] = "idle"          # the first: the baseline
     rise = (i // REST_EVERY) * MiB
-    active = 2**30 + rise + np.where(phase == "idle", 0, rng.integers(0, 64 * MiB, samples))
+    active = GiB + rise + np.where(phase == "idle", 0, rng.integers(0, 64 * MiB, samples))
     return pd.DataFrame({
         "step": i, "phase": pd.Categorical(phase, categories=PHASES),
         "request": np.where(bound, i // every, -1), "turn": -1, "tokens": 0,
         "active": active, "peak": active + rng.integers(0, 16 * MiB, samples),
-        "cache": 0, "rss": 3 * 2**30 + rise, "logical": rise, "host": 0, "minimum": 0, "work": 0,
+        "cache": 0, "rss": 3 * GiB + rise, "logical": rise, "host": 0, "minimum": 0, "work": 0,
         "cyclic": 0, "time": i * PERIOD, "cap": 0,
     })
 
@@ -141,8 +141,8 @@ def test_a_run_by_step_draws_as_before():
     frame = pd.DataFrame({
         "step": range(steps), "phase": pd.Categorical(["idle"] + ["decode"] * (steps - 1),
                                                       categories=PHASES),
-        "request": 0, "turn": -1, "tokens": 1, "active": [2**30 + s * MiB for s in range(steps)],
-        "peak": [2**30 + (s + 1) * MiB for s in range(steps)], "cache": 0, "rss": 2**31,
+        "request": 0, "turn": -1, "tokens": 1, "active": [GiB + s * MiB for s in range(steps)],
+        "peak": [GiB + (s + 1) * MiB for s in range(steps)], "cache": 0, "rss": 2**31,
         "logical": [s * MiB for s in range(steps)], "host": 0, "minimum": 0, "work": 0,
         "cyclic": 0, "time": [s * 0.01 for s in range(steps)], "cap": 0,
     })

@@ -9,6 +9,7 @@ import psutil
 import pytest
 
 from harness.agent.kvmem_rest import release_freed_heap
+from harness.common.units import MiB
 from harness.run.probe import PHASES, ROW, Probe, current_rss, to_frame
 
 
@@ -21,12 +22,12 @@ def test_a_step_records_its_transient_peak_and_settled_active_bytes():
     total = mx.sum(scratch)
     mx.eval(total)
     del scratch
-    probe.end(phase="decode", request=3, turn=-1, tokens=17, logical=4 * 2**20, host=0,
+    probe.end(phase="decode", request=3, turn=-1, tokens=17, logical=4 * MiB, host=0,
               minimum=0, work=0)
     row = to_frame(probe.rows()).iloc[0]
     assert row["phase"] == "decode" and row["request"] == 3 and row["tokens"] == 17
-    assert row["peak"] - row["active"] >= 8 * 2**20
-    assert row["logical"] == 4 * 2**20
+    assert row["peak"] - row["active"] >= 8 * MiB
+    assert row["logical"] == 4 * MiB
     del keep
 
 
@@ -46,11 +47,11 @@ def test_rss_reading_follows_memory_the_process_touches():
     """The probe's RSS reader agrees with psutil's and sees 64 MiB of touched host memory. RSS is
     the whole process's: a thread of the test worker may hand back a few MiB meanwhile (once 5.4
     MiB beside the suite's other processes), so the rise is held to three quarters."""
-    assert abs(current_rss() - psutil.Process().memory_info().rss) < 2**20
+    assert abs(current_rss() - psutil.Process().memory_info().rss) < MiB
     before = current_rss()
-    held = bytearray(b"\xff") * (64 * 2**20)  # written, so every page is touched
-    assert current_rss() - before >= 48 * 2**20
-    assert abs(current_rss() - psutil.Process().memory_info().rss) < 2**20
+    held = bytearray(b"\xff") * (64 * MiB)  # written, so every page is touched
+    assert current_rss() - before >= 48 * MiB
+    assert abs(current_rss() - psutil.Process().memory_info().rss) < MiB
     del held
 
 
@@ -64,7 +65,7 @@ def test_release_freed_heap_returns_glibc_heap_to_the_kernel():
     held = current_rss()
     del chunks
     kept = held - current_rss()
-    assert kept < 16 * 2**20, f"glibc gave back {kept:,} B by itself: nothing left to test"
+    assert kept < 16 * MiB, f"glibc gave back {kept:,} B by itself: nothing left to test"
     release_freed_heap()
-    assert held - current_rss() >= 48 * 2**20
+    assert held - current_rss() >= 48 * MiB
     del keep

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from harness.cli import main
+from harness.common.units import MiB
 from harness.judge.detectors import DetectSpec
 from harness.judge.over_time import DriftThresholds, drift, fit, parse_rate
 from harness.models.folder import folder
@@ -33,7 +34,6 @@ from tests.conftest import SMALL_MODEL
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures" / "server"
-MiB = 2**20
 
 # Keeps 1 MiB of MLX memory for every 0.1 s since it began, catching up when the machine is
 # slow: 10 MiB/s on average, however late its sleeps come back.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.common.units import format_bytes
+from harness.common.units import MiB, format_bytes
 from harness.gate.rejudge import from_reports
 from harness.judge.summary import load_summaries
 from tests import test_gate_pr as scratch
@@ -91,11 +91,11 @@ def test_a_lowered_peak_fails_and_is_judged_from_the_rows(repository, request, t
     def lowered(data: dict) -> None:
         if f"{data['scenario']}/{data['variant']}" == label:
             said["rows"] = data["metrics"]["peak"]
-            data["metrics"]["peak"] -= 1 << 20
+            data["metrics"]["peak"] -= MiB
 
     code, comment, result = gate("--from", str(head_reports(lowered)))
     assert code == 1
-    why = (f"summary.json says peak {format_bytes(said['rows'] - (1 << 20))}; its rows give "
+    why = (f"summary.json says peak {format_bytes(said['rows'] - MiB)}; its rows give "
            f"{format_bytes(said['rows'])}{WHY}")
     assert f"💥 Failed (1): `{label}` ({why})" in comment.replace("\\`", "`")
     entry = failed_entry(result, label.partition("/")[2])

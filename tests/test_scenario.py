@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.cli import main
-from harness.common.units import parse_size
+from harness.common.units import GiB, MiB, parse_size
 from harness.scenario import ScenarioError
 from harness.scenario import load_variants as load
 
@@ -30,7 +30,7 @@ def write(tmp_path, text: str, name: str = "s.yaml"):
 
 
 @pytest.mark.parametrize("text, size", [
-    (4096, 4096), ("512 MiB", 512 * 2**20), ("2 GiB", 2 * 2**30), ("1.5KiB", 1536), ("0", 0),
+    (4096, 4096), ("512 MiB", 512 * MiB), ("2 GiB", 2 * GiB), ("1.5KiB", 1536), ("0", 0),
 ])
 def test_sizes_accept_integers_and_binary_units(text, size):
     assert parse_size(text) == size
@@ -49,7 +49,7 @@ variants:
     assert small.spec.cache.layer.options == {"max_size": 64}
     assert big.spec.cache.layer.component == "mlx_lm.RotatingKVCache"
     assert big.spec.cache.layer.options == {"max_size": 128}
-    assert big.spec.expect.peak == 2**30 and small.spec.expect.peak is None
+    assert big.spec.expect.peak == GiB and small.spec.expect.peak is None
     assert [s.name for s in load(path, ["big"])] == ["big"]
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.common.units import GiB, MiB
 from harness.run.isolation import estimate_bytes
 from harness.scenario import ScenarioSpec
 from harness.scenario import load_variants as load
@@ -42,22 +43,22 @@ def reduced(path: str, variant: str) -> ScenarioSpec:
         block = ScenarioSpec.model_validate(raw).geometry().minimum_bytes(BLOCK)
         raw["cache"]["store"]["options"]["hot_budget"] = 9 * block
         # Reduced, spikes by design stay under 110 MiB (TurboQuant's largest, 38 MiB).
-        raw["detect"]["spike"]["min_bytes"] = 110 * 2**20
-        raw["detect"]["host_memory"]["min_bytes"] = 16 * 2**20
+        raw["detect"]["spike"]["min_bytes"] = 110 * MiB
+        raw["detect"]["host_memory"]["min_bytes"] = 16 * MiB
         # Above what is held at rest, which a budget judges even when flat: the 49.5 MiB hot
         # tier, and with TurboQuant's 30 layers its codes too (230.67 MiB in all).
-        raw["detect"]["unbounded"]["budget"] = (256 if turboquant else 64) * 2**20
+        raw["detect"]["unbounded"]["budget"] = (256 if turboquant else 64) * MiB
     else:
         raw["workload"]["chat"] = {"turns": 8, "user": 224, "model": 16}
         raw["workload"]["prefill_chunk"] = BLOCK
         raw["detect"]["leak"]["warmup"] = 4
-        raw["detect"]["unbounded"]["budget"] = 10 * 2**20     # above the 7.9 MiB rolling window
+        raw["detect"]["unbounded"]["budget"] = 10 * MiB     # above the 7.9 MiB rolling window
         options = raw["cache"]["session"]["options"]
         if options.get("rolling_threshold") is not None:
             options["rolling_threshold"] = 512
         if raw["cache"]["layer"]["component"] == "reference.rotating":
             raw["cache"]["layer"]["options"]["max_size"] = 4096
-            raw["detect"]["unbounded"]["budget"] = 48 * 2**20  # above the 37 MiB preallocated
+            raw["detect"]["unbounded"]["budget"] = 48 * MiB  # above the 37 MiB preallocated
     return ScenarioSpec.model_validate(raw)
 
 
@@ -97,4 +98,4 @@ def test_the_seed_size_file_does_not_fit_this_machine():
     scenarios = load(SCENARIOS.parent / "scenarios-large" / "gemma26b_hot_full.yaml")
     assert len(scenarios) == 6
     for scenario in scenarios:
-        assert estimate_bytes(scenario.spec) > 24 * 2**30, scenario.variant
+        assert estimate_bytes(scenario.spec) > 24 * GiB, scenario.variant

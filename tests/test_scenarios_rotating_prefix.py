@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.common.units import MiB
 from harness.run.environment import environment
 from harness.run.isolation import execute
 from harness.run.suite import summarize
@@ -21,7 +22,7 @@ RUNS = 10
 # Enough decoding to grow mlx-lm's buffer 512 -> 768 -> 1024 slots, then a chunk longer than
 # the window and a few decode steps on the wrapped window.
 SHORT_ROTATING = [{"prompt": 512, "decode": 300}, {"prompt": 2048, "decode": 16}]
-PEAK_NOISE = 4 * 2**20
+PEAK_NOISE = 4 * MiB
 
 
 def reduced(path: str, variant: str, layers: int) -> ScenarioSpec:

@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from harness.agent import kvmem_agent
+from harness.common.units import MiB
 from harness.judge import frames
 from harness.run import traffic
 from harness.run.isolation import estimate_bytes, execute
@@ -30,7 +31,6 @@ from tests.conftest import make_spec, serve_with_engine
 
 FIXTURES = Path(__file__).parent / "fixtures" / "server"
 ENTRY = 16384  # bytes per prompt word: a 64-word prompt stores 1 MiB
-MiB = 2**20
 
 
 def fake(model_path: str, *args: str, requests: int = 8, **server: object) -> dict:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.common.units import KiB
 from harness.run.suite import run_variants
 from harness.scenario import Variant, load_variants
 from tests.processes import started_under, tagged
@@ -47,7 +48,7 @@ def test_the_hoarding_plugin_is_a_leak_of_one_entry_a_request(canaries: dict) ->
     (leak,) = [f for f in summary.findings if f.kind == "leak"]
     assert "per request" in leak.message
     # Each hoarded entry keeps its K/V: at least 16 KiB a token for its ~220 tokens.
-    assert summary.metrics["leak_rate"] > 220 * 16 * 2**10
+    assert summary.metrics["leak_rate"] > 220 * 16 * KiB
     assert summary.model is not None and summary.model.engine == "server"
     assert summary.store_stats is not None
     assert summary.store_stats["entries"] <= 3  # the LRU itself stays within its cap

@@ -9,7 +9,9 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-CHUNK = 1 << 20  # files are read in pieces: a model's weights can be gigabytes
+from .units import MiB
+
+CHUNK = MiB  # files are read in pieces: a model's weights can be gigabytes
 SKIPPED = ("__pycache__",)  # written by Python itself, not part of what the folder holds
 
 

@@ -13,7 +13,11 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator
 
-_UNITS = {"": 1, "B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
+KiB = 2**10
+MiB = 2**20
+GiB = 2**30
+TiB = 2**40
+_UNITS = {"": 1, "B": 1, "KIB": KiB, "MIB": MiB, "GIB": GiB, "TIB": TiB,
           "KB": 10**3, "MB": 10**6, "GB": 10**9}
 _SIZE = re.compile(r"^\s*(-?[0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$", re.ASCII)
 MAX_SIZE = 2**53
@@ -81,7 +85,7 @@ Duration = Annotated[float, BeforeValidator(parse_duration)]
 PerSecond = Annotated[float, BeforeValidator(parse_per_second)]
 
 
-BINARY_UNITS = (("B", 1), ("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30))
+BINARY_UNITS = (("B", 1), ("KiB", KiB), ("MiB", MiB), ("GiB", GiB))
 
 
 def binary_unit(value: float) -> tuple[str, int]:
@@ -103,4 +107,4 @@ def format_bytes(value: float, signed: bool = False) -> str:
 def mib(value: float | None, digits: int = 2) -> str:
     """`1,234.56`: bytes in MiB with a fixed number of decimals, for columns headed MiB and
     messages that name the unit; `-` for no value."""
-    return "-" if value is None else f"{value / 2**20:,.{digits}f}"
+    return "-" if value is None else f"{value / MiB:,.{digits}f}"

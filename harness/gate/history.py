@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from ..common.echo import echo
 from ..common.files import atomic_write
+from ..common.units import MiB
 from ..judge.metrics import METRICS, RATIO, gated
 from ..judge.summary import Summary, load_summaries
 from .baseline import unsafe_name
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 DEFAULT_METRICS = ("peak", "steady")
-MiB = 1 << 20
 
 
 def unit(metric: str) -> str:

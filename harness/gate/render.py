@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from ..common.units import format_bytes
+from ..common.units import KiB, format_bytes
 from ..judge.metrics import BYTES, METRICS, gated
 from ..judge.records import Holder
 from .compare import (
@@ -49,7 +49,7 @@ def _bytes(metric: str) -> bool:
 
 def _exact(delta: MetricDelta) -> str:
     """The exact byte delta where the human form rounds it."""
-    if not _bytes(delta.metric) or abs(delta.delta) < 1024:
+    if not _bytes(delta.metric) or abs(delta.delta) < KiB:
         return ""
     return f" ({delta.delta:+,.0f} B)"
 

@@ -56,12 +56,10 @@ from dataclasses import dataclass, replace
 
 from ..common.echo import clip, echo
 from ..common.errors import BadInput
-from ..common.units import parse_size
+from ..common.units import KiB, parse_size
 from ..judge.expect import ToleranceSpec
 from ..judge.metrics import METRICS
 from ..judge.summary import Noise, Summary
-
-KiB = 1 << 10
 
 # The spread of N runs is a lower bound of the noise's true range R, and base and head may each
 # lie anywhere in R. For noise spread evenly over R, N runs span (N-1)/(N+1) of it on average:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 from pydantic import Field
 
 from ..agent.kvmem_agent import IN_FLIGHT
-from ..common.units import Size, mib
+from ..common.units import KiB, MiB, Size, mib
 from .frames import point_name, quiescent, unexplained, where
 from .records import Finding, Severity, from_hits, listed
 from .thresholds import MAX_WARMUP, Thresholds, TrendThresholds
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 class LeakThresholds(TrendThresholds):
-    min_bytes: Size = 64 * 2**10
+    min_bytes: Size = 64 * KiB
 
 
 def _since(trend: Trend, points: pd.DataFrame, unit: str) -> str:
@@ -115,7 +115,7 @@ class Limit:
 
 class UnboundedThresholds(TrendThresholds):
     budget: Size | None = None
-    min_bytes: Size = 64 * 2**10
+    min_bytes: Size = 64 * KiB
 
 
 def unbounded(frame: pd.DataFrame, t: UnboundedThresholds, backend: str) -> Finding | None:
@@ -176,8 +176,8 @@ class PlateauThresholds(Thresholds):
     """`min_bytes`: how far memory at rest must have risen; `flat`: a change smaller than this
     is no change; `hold`: flat deltas at the end, more than any pause while it rose."""
 
-    min_bytes: Size = 2**20
-    flat: Size = 64 * 2**10
+    min_bytes: Size = MiB
+    flat: Size = 64 * KiB
     hold: Annotated[int, Field(ge=1, le=MAX_WARMUP)] = 3
 
 
@@ -203,9 +203,9 @@ def plateau(frame: pd.DataFrame, t: PlateauThresholds, backend: str) -> Finding 
 
 
 class RetainedThresholds(TrendThresholds):
-    min_bytes: Size = 2**20
+    min_bytes: Size = MiB
     ratio: Annotated[float, Field(ge=0.0)] = 0.25
-    min_rate: Size = 64 * 2**10
+    min_rate: Size = 64 * KiB
 
 
 def retained(frame: pd.DataFrame, t: RetainedThresholds, backend: str) -> Finding | None:
@@ -254,9 +254,9 @@ class HostThresholds(TrendThresholds):
     noisy (allocator arenas, Python's own objects, pages), hence a high floor for one rise; a
     rise that comes back request after request is a trend that noise does not make."""
 
-    min_bytes: Size = 32 * 2**20
-    min_rate: Size = 256 * 2**10
-    min_trend_bytes: Size = 8 * 2**20
+    min_bytes: Size = 32 * MiB
+    min_rate: Size = 256 * KiB
+    min_trend_bytes: Size = 8 * MiB
 
 
 def _outside_mlx(rows: pd.DataFrame, backend: str) -> pd.Series:
@@ -324,7 +324,7 @@ def _host_trend(points: pd.DataFrame, rise: pd.Series, t: HostThresholds) -> Fin
 
 
 class GcThresholds(Thresholds):
-    min_bytes: Size = 64 * 2**10
+    min_bytes: Size = 64 * KiB
 
 
 def gc_deferred(frame: pd.DataFrame, t: GcThresholds, backend: str) -> Finding | None:
@@ -345,7 +345,7 @@ def gc_deferred(frame: pd.DataFrame, t: GcThresholds, backend: str) -> Finding |
 
 # Twice MLX's default cache limit on the CPU backend (32 MiB). Metal's and CUDA's defaults
 # follow the device's memory, so no fixed floor fits them; there a scenario states one.
-POOLED_CPU_FLOOR = 64 * 2**20
+POOLED_CPU_FLOOR = 64 * MiB
 
 
 class PooledThresholds(Thresholds):
@@ -372,7 +372,7 @@ class OverCapThresholds(Thresholds):
     """The slack of a cap enforced when the next request is admitted, the one place kvmem
     states it (`Limit`): over by more than `min_bytes` and `ratio` of the cap."""
 
-    min_bytes: Size = 64 * 2**10
+    min_bytes: Size = 64 * KiB
     ratio: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.05
 
 
@@ -406,7 +406,7 @@ class OverclaimThresholds(Thresholds):
     count runs a little over what it holds where entries share buffers (mlx-lm's prompt cache
     claims up to a third more, measured), a wrong one claims what is not held at all."""
 
-    min_bytes: Size = 2**20
+    min_bytes: Size = MiB
     ratio: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] = 0.5
 
 

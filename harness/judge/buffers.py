@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
-from ..common.units import Size
+from ..common.units import KiB, Size
 from .frames import point_name, quiescent
 from .records import Finding, listed
 from .thresholds import MAX_WARMUP, TrendThresholds
@@ -33,7 +33,7 @@ class BuffersThresholds(TrendThresholds):
     backend's own)."""
 
     min_buffers: Annotated[int, Field(ge=1, le=MAX_WARMUP)] = 8
-    max_bytes_per_buffer: Size = 2**10
+    max_bytes_per_buffer: Size = KiB
     limit: Annotated[int, Field(ge=1)] | None = None
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..agent.kvmem_agent import IN_FLIGHT
-from ..common.units import format_bytes
+from ..common.units import KiB, MiB, format_bytes
 from .frames import spike_ratios, transients
 from .records import Finding
 
@@ -159,7 +159,6 @@ class Metric:
         return delta > 0 if self.direction == LOWER else delta < 0
 
 
-KiB, MiB = 1 << 10, 1 << 20
 _STEP_PEAK = Gate(rel=0.0, abs=4 * MiB, scales=True)  # CPU noise up to ~2 MiB under load
 _EXACT_BYTES = Gate(rel=0.0, abs=256)  # absorbs float rounding in a fitted rate only
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BeforeValidator, Field
 
-from ..common.units import Size, format_bytes, parse_size
+from ..common.units import MiB, Size, format_bytes, parse_size
 from .records import Finding, Severity, listed
 from .thresholds import Thresholds
 
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     import numpy.typing as npt
     import pandas as pd
 
-MiB = 2**20
 MIN_SAMPLES = 3  # a line through fewer says nothing
 MAX_AT_REST = 3  # a run with this many samples at rest or more has memory at rest to judge
 SERIES = (("active", "MLX active memory"), ("rss", "RSS"))  # what drift fits, in this order

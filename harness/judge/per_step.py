@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 from pydantic import Field
 
 from ..agent.kvmem_agent import IN_FLIGHT
-from ..common.units import Size, mib
+from ..common.units import KiB, MiB, Size, mib
 from .frames import settled_above, spike_ratios, transients, where
 from .records import Finding, from_hits
 from .thresholds import Thresholds
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 class SpikeThresholds(Thresholds):
-    min_bytes: Size = 4 * 2**20
+    min_bytes: Size = 4 * MiB
     min_ratio: Annotated[float, Field(ge=1.0)] = 1.05
 
 
@@ -41,7 +41,7 @@ def spike(frame: pd.DataFrame, t: SpikeThresholds, backend: str) -> Finding | No
 
 
 class GrowthThresholds(Thresholds):
-    min_bytes: Size = 512 * 2**10
+    min_bytes: Size = 512 * KiB
 
 
 def growth(frame: pd.DataFrame, t: GrowthThresholds, backend: str) -> Finding | None:
@@ -100,7 +100,7 @@ def preallocated(frame: pd.DataFrame, t: PreallocatedThresholds, backend: str) -
 
 
 class AliasThresholds(Thresholds):
-    min_bytes: Size = 2**20
+    min_bytes: Size = MiB
 
 
 def aliased(frame: pd.DataFrame, t: AliasThresholds, backend: str) -> Finding | None:

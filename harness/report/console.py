@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from ..common.units import format_bytes, mib
+from ..common.units import GiB, KiB, format_bytes, mib
 from ..judge.metrics import BYTES, METRICS
 from ..judge.summary import Summary
 from ..models import presets
@@ -213,7 +213,7 @@ def geometry_presets() -> Table:
         grid.add_column(column)
     for name in presets.geometric():
         g = presets.geometry(name)
-        grid.add_row(name, _layers(g), f"{g.token_bytes() / 1024:g} KiB", f"{g.vocab:,}")
+        grid.add_row(name, _layers(g), f"{g.token_bytes() / KiB:g} KiB", f"{g.vocab:,}")
     return grid
 
 
@@ -236,6 +236,6 @@ def model_presets() -> Table | Text:
         choice = models.ModelChoice(preset=name, path=None, layers=None, vocab=None,
                                     dtype="bfloat16", bits=None, group_size=64)
         g, weights = models.describe(choice)
-        grid.add_row(name, _layers(g), f"{g.token_bytes() / 1024:g} KiB", f"{g.vocab:,}",
-                     f"{weights / 2**30:.2f} GiB")
+        grid.add_row(name, _layers(g), f"{g.token_bytes() / KiB:g} KiB", f"{g.vocab:,}",
+                     f"{weights / GiB:.2f} GiB")
     return grid

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..agent.kvmem_agent import IN_FLIGHT
 from ..common.files import atomic_write
+from ..common.units import MiB
 from ..judge.detectors import DETECTORS, Marker
 from ..judge.records import Finding
 
@@ -82,20 +83,19 @@ def draw_variant(frame: pd.DataFrame, findings: list[Finding], title: str,
     x, xlabel = _axis(frame)
     if x == "time":
         return _draw_server(frame, findings, title, budget, requests)
-    mib = 2**20
     base = frame["active"].iloc[0]
     thin = _thin(frame)
     fig, ax = _figure()
-    ax.fill_between(thin[x], (thin["active"] - base) / mib, (thin["peak"] - base) / mib,
+    ax.fill_between(thin[x], (thin["active"] - base) / MiB, (thin["peak"] - base) / MiB,
                     color="tab:blue", alpha=0.2, step="post", label="step peak")
-    ax.step(thin[x], (thin["active"] - base) / mib, where="post", color="tab:blue",
+    ax.step(thin[x], (thin["active"] - base) / MiB, where="post", color="tab:blue",
             label="MLX active")
-    ax.step(thin[x], thin["logical"] / mib, where="post", color="tab:green",
+    ax.step(thin[x], thin["logical"] / MiB, where="post", color="tab:green",
             linestyle="--", label="logical (components' nbytes)")
     _limits(ax, thin, x, budget)
-    ax.step(thin[x], thin["minimum"] / mib, where="post", color="black", linestyle=":",
+    ax.step(thin[x], thin["minimum"] / MiB, where="post", color="black", linestyle=":",
             label="analytic minimum")
-    ax.step(thin[x], (thin["rss"] - frame["rss"].iloc[0]) / mib, where="post",
+    ax.step(thin[x], (thin["rss"] - frame["rss"].iloc[0]) / MiB, where="post",
             color="tab:gray", alpha=0.7, label="process RSS")
     _markers(ax, frame, findings, x)
     _finish(fig, ax, xlabel, "MiB above baseline", title)
@@ -111,7 +111,7 @@ def _markers(ax: Axes, frame: pd.DataFrame, findings: list[Finding], x: str) -> 
         marker = entry.marker if entry else UNKNOWN_MARKER
         steps = [s for s in finding.steps if s in by_step.index]
         ax.scatter(by_step.loc[steps, x] if x != "step" else steps,
-                   (by_step.loc[steps, marker.level] - base) / 2**20, marker=marker.symbol,
+                   (by_step.loc[steps, marker.level] - base) / MiB, marker=marker.symbol,
                    color=marker.color, zorder=5, label=f"{finding.kind} ({finding.count})")
 
 
@@ -153,15 +153,15 @@ def _draw_server(frame: pd.DataFrame, findings: list[Finding], title: str, budge
     a band per bucket (lowest active to highest peak), the components' bytes and limits, RSS at
     rest, the requests' ticks when they are few, each finding's listed steps; below, when the
     requests are given, their latency."""
-    mib, base = 2**20, frame["active"].iloc[0]
+    base = frame["active"].iloc[0]
     latency = requests if requests is not None and not requests.empty else None
     span = _span(frame["time"], *([] if latency is None else [latency["sent"].dropna()]))
     count = max(1, min(BUCKETS, len(frame) // 4))
     edges, at = _edges(span, count), buckets(frame["time"], span, count)
     fig, ax, below = _server_figure(latency is not None)
     flight = frame["phase"].isin(IN_FLIGHT)
-    xs, low = _flat(edges, (frame["active"] - base)[flight].groupby(at[flight]).min() / mib)
-    _, high = _flat(edges, (frame["peak"] - base)[flight].groupby(at[flight]).max() / mib)
+    xs, low = _flat(edges, (frame["active"] - base)[flight].groupby(at[flight]).min() / MiB)
+    _, high = _flat(edges, (frame["peak"] - base)[flight].groupby(at[flight]).max() / MiB)
     ax.fill_between(xs, low, high, color="tab:blue", alpha=0.25, linewidth=0,
                     label=f"in flight: lowest active to highest peak, per {_width(span, count)}")
     rest = _at_rest(frame, at)
@@ -170,15 +170,15 @@ def _draw_server(frame: pd.DataFrame, findings: list[Finding], title: str, budge
         _over_time(ax, frame.groupby(at)[["active", "rss"]].last(), edges, base,
                    frame["rss"].iloc[0])
     else:
-        ax.plot(rest["time"], (rest["active"] - base) / mib, color="tab:blue", marker="o",
+        ax.plot(rest["time"], (rest["active"] - base) / MiB, color="tab:blue", marker="o",
                 markersize=2.5, linewidth=1.2, label="MLX active at rest")
-        ax.plot(rest["time"], (rest["rss"] - frame["rss"].iloc[0]) / mib, color="tab:gray",
+        ax.plot(rest["time"], (rest["rss"] - frame["rss"].iloc[0]) / MiB, color="tab:gray",
                 alpha=0.7, linewidth=1, label="process RSS at rest")
-    ax.plot(*_flat(edges, each["logical"] / mib), color="tab:green", linestyle="--",
+    ax.plot(*_flat(edges, each["logical"] / MiB), color="tab:green", linestyle="--",
             label="logical (components' nbytes)")
     _limits(ax, _by_bucket(each, edges), "time", budget)
     if (frame["minimum"] > 0).any():
-        ax.plot(*_flat(edges, each["minimum"] / mib), color="black", linestyle=":",
+        ax.plot(*_flat(edges, each["minimum"] / MiB), color="black", linestyle=":",
                 label="analytic minimum")
     ticks = 0 < _requests_in(frame) <= MAX_TICKS
     if ticks:
@@ -196,10 +196,9 @@ def _draw_server(frame: pd.DataFrame, findings: list[Finding], title: str, budge
 def _over_time(ax: Axes, last: pd.DataFrame, edges: np.ndarray, base: int, rss: int) -> None:
     """MLX active and RSS as each bucket's last sample: a process with no samples at rest
     (`kvmem record`) is read by its trend over time."""
-    mib = 2**20
-    ax.plot(*_flat(edges, (last["active"] - base) / mib), color="tab:blue", linewidth=1.2,
+    ax.plot(*_flat(edges, (last["active"] - base) / MiB), color="tab:blue", linewidth=1.2,
             label="MLX active")
-    ax.plot(*_flat(edges, (last["rss"] - rss) / mib), color="tab:gray", alpha=0.7,
+    ax.plot(*_flat(edges, (last["rss"] - rss) / MiB), color="tab:gray", alpha=0.7,
             linewidth=1, label="process RSS")
 
 
@@ -297,25 +296,24 @@ def _limits(ax: Axes, thin: pd.DataFrame, x: str, budget: int | None) -> None:
     """What the reported bytes are held to, as lines beside them: the scenario's budget, and the
     cap the cache gives itself where the agent read one, so "over its cap" is seen."""
     if budget is not None:
-        ax.axhline(budget / 2**20, color="tab:green", linestyle=(0, (1, 3)), linewidth=1,
+        ax.axhline(budget / MiB, color="tab:green", linestyle=(0, (1, 3)), linewidth=1,
                    label="budget (detect.unbounded.budget)")
     if "cap" in thin and (thin["cap"] > 0).any():
-        ax.step(thin[x], thin["cap"].where(thin["cap"] > 0) / 2**20, where="post",
+        ax.step(thin[x], thin["cap"].where(thin["cap"] > 0) / MiB, where="post",
                 color="tab:red", linestyle="-.", linewidth=1, label="the cache's own cap")
 
 
 def plot_overlay(frames: dict[str, pd.DataFrame], title: str, path: Path) -> None:
     """Every variant's active memory (and peak band) on one axis; frames must have samples."""
-    mib = 2**20
     fig, ax = _figure()
     xlabel = "step"
     for name, frame in frames.items():
         base = frame["active"].iloc[0]
         thin = _thin(frame)
         x, xlabel = _axis(frame)
-        line, = ax.step(thin[x], (thin["active"] - base) / mib, where="post", label=name)
-        ax.fill_between(thin[x], (thin["active"] - base) / mib,
-                        (thin["peak"] - base) / mib, color=line.get_color(), alpha=0.15,
+        line, = ax.step(thin[x], (thin["active"] - base) / MiB, where="post", label=name)
+        ax.fill_between(thin[x], (thin["active"] - base) / MiB,
+                        (thin["peak"] - base) / MiB, color=line.get_color(), alpha=0.15,
                         step="post")
     _finish(fig, ax, xlabel if xlabel == "step" else "seconds since the baseline",
             "MiB above baseline (band: step peak)", title)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from ..common.units import MiB
 from ..scenario.engines import EngineName
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 Progress = Callable[..., None]
 
 # What a variant's process holds beside what it serves: the interpreter, MLX, the sample rows.
-RUNTIME_SLACK = 256 * 2**20
+RUNTIME_SLACK = 256 * MiB
 
 
 class RunFailure(RuntimeError):

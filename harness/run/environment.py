@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 
 from ..common.digest import tree_digest
+from ..common.units import GiB
 from .preloaded import preloaded
 
 BACKENDS = ("cpu", "metal", "cuda")  # what `backend` can say
@@ -49,7 +50,7 @@ def runner() -> dict[str, Any]:
     cpus = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
             else os.cpu_count() or 1)
     return {"backend": backend(), "machine": platform.machine(), "cpus": cpus,
-            "memory_gib": round(psutil.virtual_memory().total / 2**30),
+            "memory_gib": round(psutil.virtual_memory().total / GiB),
             "os": platform.system()}
 
 

@@ -51,6 +51,7 @@ import numpy as np
 import psutil
 
 from ..common.child import CONTEXT, Child, how
+from ..common.units import GiB
 from ..judge.summary import ModelFacts
 from ..scenario import ScenarioSpec, Variant
 from . import holders_log
@@ -97,8 +98,8 @@ def available_memory() -> int:
 
 def refusal(estimate: int, available: int) -> str:
     """Why a variant was refused, with its estimate: the refused summary's error."""
-    return (f"estimated footprint {estimate / 2**30:.2f} GiB exceeds the "
-            f"{available / 2**30:.2f} GiB available")
+    return (f"estimated footprint {estimate / GiB:.2f} GiB exceeds the "
+            f"{available / GiB:.2f} GiB available")
 
 
 def fits_alone(estimate: int) -> str | None:

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from ..common.echo import MAX_ECHO, clip, echo
 from ..common.errors import BadInput
+from ..common.units import MiB
 from ..components.registry import Binding
 from ..components.registry import check as check_components
 from ..models import loading as models
@@ -91,7 +92,7 @@ def _validate(raw: dict, as_data: bool = False) -> ScenarioSpec:
         raise ScenarioError(_describe(exc)) from None
 
 
-MAX_FILE_BYTES = 8 * 2**20
+MAX_FILE_BYTES = 8 * MiB
 MAX_DEPTH = 64  # mappings and lists within one another; a scenario needs about 6
 
 
@@ -167,7 +168,7 @@ def _read_yaml(path: Path, data: bytes | None = None) -> Any:
                 f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     if len(data) > MAX_FILE_BYTES:
         raise ScenarioError(f"{path}: expected a scenario file of at most "
-                            f"{MAX_FILE_BYTES // 2**20} MiB")
+                            f"{MAX_FILE_BYTES // MiB} MiB")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from ..common.echo import echo
+from ..common.units import MiB
 
-MAX_TRACE_BYTES = 256 * 2**20
+MAX_TRACE_BYTES = 256 * MiB
 MAX_LINES = 100_000
 MAX_TOKENS = 100_000
 OWN = ("at", "session")  # kvmem's keys; the rest is the body
@@ -49,7 +50,7 @@ def read(path: Path) -> list[Line]:
     try:
         if path.stat().st_size > MAX_TRACE_BYTES:
             raise TraceError(f"{path}: expected a trace of at most "
-                             f"{MAX_TRACE_BYTES // 2**20} MiB")
+                             f"{MAX_TRACE_BYTES // MiB} MiB")
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
         raise TraceError(f"{path}: not UTF-8 text: invalid byte at offset {exc.start}") from None
