@@ -137,7 +137,7 @@ def test_committed_baselines_are_valid_and_where_update_puts_them():
     from pathlib import Path
 
     from harness.gate.baseline import baseline_path
-    from harness.judge.summary import load_summaries as load
+    from harness.store.summaries import summaries_under as load
 
     root = Path(__file__).resolve().parents[1] / "baselines"
     summaries = load(root)

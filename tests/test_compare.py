@@ -14,7 +14,8 @@ from harness.gate import compare as cmp
 from harness.gate import tolerance
 from harness.gate.render import COMMENT_LIMIT, MARKER, render_markdown, sparkline
 from harness.gate.tolerance import SMALL_LEAST, Tolerance
-from harness.judge.summary import Noise, load_summaries, parse
+from harness.judge.summary import Noise, parse
+from harness.store.summaries import summaries_under
 from tests.summaries import TRIM_SCENARIO, MiB, summary, write
 
 
@@ -410,7 +411,7 @@ def test_a_run_compared_with_itself_says_no_change(trim_runs, capsys):
 
 def no_change_pairwise(runs: list[Path], capsys) -> None:
     """Every pair of runs compares as no change; the exact metrics are equal in all."""
-    loaded = [load_summaries(run)[0] for run in runs]
+    loaded = [summaries_under(run)[0] for run in runs]
     for metric in ("steady", "final", "retained", "leak_rate"):       # exact on one backend
         assert len({s.metric(metric) for s in loaded}) == 1, metric
     peaks = [s.metric("peak") for s in loaded]
@@ -625,7 +626,7 @@ def test_temporary_and_staged_files_are_never_read(tmp_path, capsys):
     (baselines / ".v.json.q8w7e6.json").write_text("{")
     code, out, _ = run([str(tmp_path / "baselines"), head], capsys)
     assert (code, out) == (0, "✅ kvmem: no change (1 variant compared)\n")
-    assert [s.path.name for s in load_summaries(tmp_path / "baselines")] == ["v.json"]
+    assert [s.path.name for s in summaries_under(tmp_path / "baselines")] == ["v.json"]
 
 
 @pytest.mark.parametrize("argv, message", [

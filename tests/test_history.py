@@ -11,7 +11,7 @@ import pytest
 
 from harness.cli import main
 from harness.gate import history
-from harness.judge.summary import load_summaries
+from harness.store.summaries import summaries_under
 from tests.summaries import MiB, summary, write
 
 EXTRA = "cpu, mlx 0.32.4, mlx-lm 0.32.2"
@@ -113,7 +113,7 @@ def same(actual: list[float], expected: list[float]) -> bool:
 
 
 def test_history_draws_one_line_per_variant_with_gaps_for_missing_runs(tmp_path):
-    runs = history.load_runs(three_runs(tmp_path))
+    runs = history.points(three_runs(tmp_path))
     # Night 3's summaries do not share a revision (the failed run has the default): its name.
     assert [run.label for run in runs] == ["aaa", "bbb", "night3"]
     assert history.scenarios(runs) == ["chat", "trim"]
@@ -170,16 +170,16 @@ def test_history_labels_runs_by_shared_revision_else_folder_and_keeps_labels_apa
     a, b = tmp_path / "x" / "cpu", tmp_path / "y" / "cpu"
     write(a, summary("s", "v"))
     write(b, summary("s", "v"))
-    runs = history.load_runs([a, b])
+    runs = history.points([a, b])
     assert [run.label for run in runs] == ["abc123 (cpu)", "abc123 (cpu)"]
     write(b, summary("s", "w", environment={"git_revision": "def456"}))
-    assert [run.label for run in history.load_runs([a, b])] == ["abc123", "cpu"]
+    assert [run.label for run in history.points([a, b])] == ["abc123", "cpu"]
 
 
 def test_history_lines_name_the_backend_when_runs_hold_several(tmp_path):
     write(tmp_path / "one", summary("s", "v"))
     write(tmp_path / "two", summary("s", "v", environment={"backend": "metal"}))
-    runs = history.load_runs([tmp_path / "one", tmp_path / "two"])
+    runs = history.points([tmp_path / "one", tmp_path / "two"])
     assert lines(history.history_figure(runs, "s", ["peak"]))[0].keys() == {"v (cpu)", "v (metal)"}
 
 
@@ -223,7 +223,7 @@ def test_benchmark_entries_need_no_plotting_library():
 
 def test_benchmark_entries_of_loaded_summaries(tmp_path):
     write(tmp_path, summary("s", "v", overhead_ratio=None))
-    got = history.benchmark_entries(load_summaries(tmp_path))
+    got = history.benchmark_entries(summaries_under(tmp_path))
     assert [e["name"] for e in got] == [f"s/v {m}" for m in (
         "peak", "steady", "final", "largest_spike", "leak_rate", "retained", "rss_peak")]
     assert {e["unit"] for e in got} == {"bytes"}

@@ -14,7 +14,7 @@ import pytest
 
 from harness.common.units import MiB, format_bytes
 from harness.gate.rejudge import from_reports
-from harness.judge.summary import load_summaries
+from harness.store.summaries import summaries_under
 from tests import test_gate_pr as scratch
 from tests import test_gate_speed as speed
 from tests.test_gate_bypasses import head_reports
@@ -48,7 +48,7 @@ def fields(summary) -> dict:
 
 
 def recomputed_equal(reports: Path, paths: list[str]) -> None:
-    written = load_summaries(reports)
+    written = summaries_under(reports)
     again = from_reports(written, paths)
     assert again.refused == {}
     assert len(again.summaries) == len(written) > 0
@@ -67,7 +67,7 @@ def test_untampered_scratch_reports_recompute_to_their_summaries(recorded, monke
 def test_untampered_bundled_reports_recompute_to_their_summaries(bundled, monkeypatch):
     monkeypatch.chdir(ROOT)
     recomputed_equal(bundled, ["scenarios"])
-    holders = fields(load_summaries(bundled / "arrays_cache_advance")[0])["holders"]
+    holders = fields(summaries_under(bundled / "arrays_cache_advance")[0])["holders"]
     assert holders["pending"]                           # what the round trip had to keep
 
 

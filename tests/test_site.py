@@ -13,7 +13,7 @@ import pytest
 
 from harness.cli import main
 from harness.gate import site
-from harness.gate.record import read_record
+from harness.gate.nightly import Record, parse_record
 from tests.summaries import MiB, summary, write
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,6 +138,12 @@ def test_the_summary_table_gives_the_change_since_the_previous_run(tmp_path):
     assert "<td>steady</td><td>8 MiB</td><td>±0 B (+0.0%)</td>" in html
 
 
+def published(tmp_path: Path) -> Record:
+    """The record the site holds, as the next night reads it."""
+    path = tmp_path / "site" / "history.json"
+    return parse_record(path, path.read_bytes())
+
+
 def svg(text: str) -> ET.Element:
     return ET.fromstring(text)
 
@@ -147,8 +153,7 @@ def test_charts_and_sparklines_start_from_zero(tmp_path):
     write(night, summary("s", "v", peak=675328040, overhead_ratio=1.0205))
     write(night, summary("s", "w", steady=0))
     assert publish(tmp_path, night, date="2025-06-01") == 0
-    record = read_record(tmp_path / "site" / "history.json")
-    assert record is not None
+    record = published(tmp_path)
     scale = site.y_scale("peak", [675328040])
     assert (scale.ticks, scale.unit, scale.size) == ((0, 200, 400, 600, 800), "MiB", MiB)
     assert site.y_scale("overhead_ratio", [1.0205]).ticks == (0, 0.3, 0.6, 0.9, 1.2)
@@ -181,8 +186,7 @@ def test_a_line_breaks_where_a_variant_is_absent_and_marks_a_failed_run(tmp_path
         night = tmp_path / f"n{day}"
         write(night, data or summary("s", "other"))
         assert publish(tmp_path, night, date=f"2025-06-0{day}") == 0
-    record = read_record(tmp_path / "site" / "history.json")
-    assert record is not None
+    record = published(tmp_path)
     axis = site.TimeAxis(record.runs[0].date, record.runs[-1].date)
     drawn = svg(site.chart(record.runs, "s", "v", "peak", axis))
     assert len(list(drawn.iter("polyline"))) == 2
@@ -274,7 +278,7 @@ def test_publish_refuses_bad_flags(tmp_path, capsys, argv, message):
 
 
 def test_the_site_and_record_load_no_plotting_library():
-    code = ("import sys, harness.gate.site, harness.gate.record; "
+    code = ("import sys, harness.gate.site, harness.gate.nightly; "
             "print(sorted(m for m in ('matplotlib', 'mlx', 'pandas') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True, cwd=ROOT)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from harness.judge import summary as summaries
-from harness.judge.summary import SCHEMA, SummaryError, read_summary, summary_from_bytes
+from harness.judge.summary import SCHEMA, SummaryError, summary_from_bytes
+from harness.store.summaries import read_summary
 from tests.summaries import summary
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,11 +12,12 @@ from pathlib import Path
 from rich.console import Console
 
 from ..common.errors import cannot_write, no_summaries
-from ..gate.history import DEFAULT_METRICS, EXPORTERS, load_runs, write_history
-from ..gate.record import DEFAULT_KEEP, MAX_KEEP, Record, appended, read_record, tonight
+from ..gate.history import DEFAULT_METRICS, EXPORTERS, points, write_history
+from ..gate.nightly import DEFAULT_KEEP, MAX_KEEP, Record, appended, parse_record, tonight
 from ..gate.site import write_site
 from ..judge.metrics import gated
 from ..report import console as term
+from ..store.nightly import read_nightly
 from . import options
 
 
@@ -38,7 +39,7 @@ def export(args: argparse.Namespace, console: Console) -> int:
 
 def history(args: argparse.Namespace, console: Console) -> int:
     """One PNG per scenario: the metrics across the runs, in the order given."""
-    runs = load_runs(args.dirs)
+    runs = points(args.dirs)
     if not any(run.summaries for run in runs):
         raise no_summaries(args.dirs)
     try:
@@ -55,7 +56,8 @@ def publish(args: argparse.Namespace, console: Console) -> int:
     summaries = options.summaries(args.reports)
     site = Path(args.site)
     previous = Path(args.previous) if args.previous else site / "history.json"
-    before = read_record(previous)
+    content = read_nightly(previous)
+    before = None if content is None else parse_record(previous, content)
     run = tonight(summaries, args.date or datetime.now(timezone.utc), args.commit)
     record = appended(before or Record(), run, args.keep)
     try:

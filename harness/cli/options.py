@@ -22,7 +22,7 @@ from ..common.files import atomic_text
 from ..common.units import parse_duration
 from ..components.registry import import_paths
 from ..gate.formats import RENDERERS
-from ..gate.record import parse_date
+from ..gate.nightly import parse_date
 from ..gate.tolerance import fraction, size
 from ..judge.metrics import gated
 from ..judge.summary import Summary, load_summaries

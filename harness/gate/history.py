@@ -23,7 +23,8 @@ from ..common.echo import echo
 from ..common.files import atomic_write
 from ..common.units import MiB
 from ..judge.metrics import METRICS, RATIO, gated
-from ..judge.summary import Summary, load_summaries
+from ..judge.summary import Summary
+from ..store.summaries import summaries_under
 from .baseline import unsafe_name
 from .compare import Key, index_summaries
 from .tolerance import CompareError
@@ -33,10 +34,6 @@ if TYPE_CHECKING:
 
 DEFAULT_METRICS = ("peak", "steady")
 
-
-def unit(metric: str) -> str:
-    """The feed's unit: `ratio` for a unitless metric, else `bytes` (a rate's too)."""
-    return METRICS[metric].unit
 
 def benchmark_entries(summaries: Sequence[Summary]) -> list[dict]:
     """github-action-benchmark's `customSmallerIsBetter` entries: one per gated metric of each
@@ -57,7 +54,9 @@ def benchmark_entries(summaries: Sequence[Summary]) -> list[dict]:
         for metric in gated():
             value = s.metric(metric)
             if value is not None:
-                entries.append({"name": f"{s.label} {metric}", "unit": unit(metric),
+                # The quantity's unit, a rate's too (`bytes` where the nightly record says
+                # `bytes/req`), as the feeds already published hold it.
+                entries.append({"name": f"{s.label} {metric}", "unit": METRICS[metric].unit,
                                 "value": value, "extra": extra})
     return entries
 
@@ -71,7 +70,7 @@ EXPORTERS = {"github-action-benchmark": render_benchmark}
 
 
 @dataclass(frozen=True)
-class Run:
+class Point:
     """One point on the history's x axis: a report or baselines folder."""
 
     label: str
@@ -84,32 +83,32 @@ class Run:
         return math.nan if value is None else value
 
 
-def load_runs(paths: Sequence[str | Path]) -> list[Run]:
-    """Each folder as a run, in the order given, labelled by the git revision its summaries
+def points(paths: Sequence[str | Path]) -> list[Point]:
+    """Each folder as a point, in the order given, labelled by the git revision its summaries
     share (the folder's name when they share none); a label given twice names its folder too."""
     runs = []
     for path in paths:
-        summaries = load_summaries(path)
+        summaries = summaries_under(path)
         revisions = {s.environment.git_revision for s in summaries}
         revision = revisions.pop() if len(revisions) == 1 else None
         name = Path(path).resolve().name or str(path)
         label = revision if isinstance(revision, str) and revision else name
         runs.append((label, name, index_summaries(summaries, str(path))))
     labels = [label for label, _, _ in runs]
-    return [Run(label if labels.count(label) == 1 or label == name else f"{label} ({name})",
+    return [Point(label if labels.count(label) == 1 or label == name else f"{label} ({name})",
                 index) for label, name, index in runs]
 
 
-def _lines(runs: Sequence[Run], scenario: str) -> list[Key]:
+def _lines(runs: Sequence[Point], scenario: str) -> list[Key]:
     return sorted({key for run in runs for key in run.summaries if key[0] == scenario},
                   key=lambda k: (k[1], k[2]))
 
 
-def scenarios(runs: Sequence[Run]) -> list[str]:
+def scenarios(runs: Sequence[Point]) -> list[str]:
     return sorted({key[0] for run in runs for key in run.summaries})
 
 
-def history_figure(runs: Sequence[Run], scenario: str, metrics: Sequence[str]) -> Figure:
+def history_figure(runs: Sequence[Point], scenario: str, metrics: Sequence[str]) -> Figure:
     """One axis per metric, one line per variant (and backend, where runs hold several), one
     point per run; a run where the variant is absent or failed is a gap."""
     from matplotlib.figure import Figure
@@ -137,7 +136,7 @@ def history_figure(runs: Sequence[Run], scenario: str, metrics: Sequence[str]) -
     return fig
 
 
-def write_history(runs: Sequence[Run], out: Path, metrics: Sequence[str]) -> list[Path]:
+def write_history(runs: Sequence[Point], out: Path, metrics: Sequence[str]) -> list[Path]:
     """`<out>/<scenario>.png` for each scenario in any run, each written atomically (Agg)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 

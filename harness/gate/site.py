@@ -27,7 +27,7 @@ from ..common.units import binary_unit
 from ..judge.metrics import METRICS, RATIO, gated
 from ..judge.summary import Summary
 from .history import render_benchmark
-from .record import Entry, Record, Run
+from .nightly import Night, Record, VariantNight
 
 # A chart's size and margins, in pixels: room for `1000 MiB/req` left of the axis and a date
 # under each end of it.
@@ -67,7 +67,7 @@ def y_scale(metric: str, values: Sequence[float]) -> Scale:
         unit, size = "×", 1
     else:
         unit, size = binary_unit(high)
-        unit = f"{unit}/{spec.per}" if spec.per else unit
+        unit = spec.suffixed(unit)
     low = min([0.0, *values]) / size
     whole = spec.unit != RATIO and size == 1  # no fraction of a byte
     ticks = MaxNLocator(nbins=4, min_n_ticks=2, integer=whole).tick_values(low, high / size or 1.0)
@@ -117,7 +117,7 @@ def _line(points: list[tuple[float, float] | None]) -> str:
     return "".join(f'<polyline class="line" points="{" ".join(run)}"/>' for run in runs if run)
 
 
-def _tip(run: Run, text: str) -> str:
+def _tip(run: Night, text: str) -> str:
     """A point's tooltip: its run's date and commit (12 digits; the runs table has them all)."""
     return escape(f"{run.date.strftime(MOMENT)} · commit {run.commit[:12]} · {text}")
 
@@ -137,9 +137,9 @@ def _marks(xs: Sequence[float], values: Sequence[float | None]) -> list[int]:
     return marks
 
 
-def chart(runs: Sequence[Run], scenario: str, variant: str, metric: str, axis: TimeAxis) -> str:
+def chart(runs: Sequence[Night], scenario: str, variant: str, metric: str, axis: TimeAxis) -> str:
     """One metric of one variant across the runs, as an SVG line chart from zero."""
-    entries = [run.entry(scenario, variant) for run in runs]
+    entries = [run.variant(scenario, variant) for run in runs]
     values = [e.value(metric) if e else None for e in entries]
     scale = y_scale(metric, [v for v in values if v is not None])
     base, plot = HEIGHT - BOTTOM, HEIGHT - BOTTOM - TOP
@@ -164,11 +164,11 @@ def chart(runs: Sequence[Run], scenario: str, variant: str, metric: str, axis: T
         points="\n".join(points) + "\n")
 
 
-def sparkline(runs: Sequence[Run], scenario: str, variant: str, metric: str,
+def sparkline(runs: Sequence[Night], scenario: str, variant: str, metric: str,
               axis: TimeAxis) -> str:
     """A small line of one metric across the runs, its baseline at zero and a dot on its last
     value."""
-    values = [e.value(metric) if (e := run.entry(scenario, variant)) else None for run in runs]
+    values = [e.value(metric) if (e := run.variant(scenario, variant)) else None for run in runs]
     shown = [v for v in values if v is not None]
     high = max(shown, default=0.0)
     low = SPARK_HEIGHT - 2
@@ -184,7 +184,7 @@ def sparkline(runs: Sequence[Run], scenario: str, variant: str, metric: str,
             f'{_line(points)}{dot}</svg>')
 
 
-def _latest(entry: Entry | None, metric: str) -> str:
+def _latest(entry: VariantNight | None, metric: str) -> str:
     if entry is None:
         return "absent"
     value = entry.value(metric)
@@ -205,15 +205,15 @@ def change(latest: float | None, previous: float | None, metric: str,
     return spec.format(delta, signed=True) + percent
 
 
-def _metrics(runs: Sequence[Run], scenario: str, variant: str) -> list[str]:
+def _metrics(runs: Sequence[Night], scenario: str, variant: str) -> list[str]:
     """The gated metrics this variant has a value for in some run."""
-    return [m for m in gated() if any((e := r.entry(scenario, variant)) and e.value(m) is not None
+    return [m for m in gated() if any((e := r.variant(scenario, variant)) and e.value(m) is not None
                                       for r in runs)]
 
 
-def _variant_rows(runs: Sequence[Run], scenario: str, variant: str, axis: TimeAxis) -> str:
-    latest = runs[-1].entry(scenario, variant)
-    previous = runs[-2].entry(scenario, variant) if len(runs) > 1 else None
+def _variant_rows(runs: Sequence[Night], scenario: str, variant: str, axis: TimeAxis) -> str:
+    latest = runs[-1].variant(scenario, variant)
+    previous = runs[-2].variant(scenario, variant) if len(runs) > 1 else None
     metrics = _metrics(runs, scenario, variant)
     name = escape(variant)
     if not metrics:
@@ -243,7 +243,7 @@ $charts</section>
 """)
 
 
-def section(runs: Sequence[Run], scenario: str, number: int, axis: TimeAxis) -> str:
+def section(runs: Sequence[Night], scenario: str, number: int, axis: TimeAxis) -> str:
     variants = sorted({v for run in runs for v in run.scenarios.get(scenario, {})})
     charts = "".join(
         f'<h3>{escape(scenario)}/{escape(v)}</h3>\n<div class="charts">\n'

@@ -151,8 +151,11 @@ class Metric:
             return f"{value:+,.0f}" if signed else f"{value:,.0f}"
         if self.unit == SECONDS:
             return f"{value:+.3g} s" if signed else f"{value:.3g} s"
-        text = format_bytes(value, signed)
-        return f"{text}/{self.per}" if self.per else text
+        return self.suffixed(format_bytes(value, signed))
+
+    def suffixed(self, unit: str) -> str:
+        """`unit` as this metric's figures are counted in it: `MiB/req` for a rate."""
+        return f"{unit}/{self.per}" if self.per else unit
 
     def worse(self, delta: float) -> bool:
         """Whether a change of `delta` goes the wrong way."""

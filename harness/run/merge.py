@@ -16,17 +16,15 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-import pandas as pd
 import yaml
 from rich.console import Console
 
-from ..common.echo import clip
 from ..common.errors import cannot_write, no_summaries
-from ..judge.summary import Summary, SummaryError, load_summaries
+from ..judge.summary import Summary, SummaryError
 from ..report import folder as report
+from ..store.rows import plotted_samples
+from ..store.summaries import summaries_under
 from .suite import overlays
-
-PLOTTED = ("step", "active", "peak")  # the columns an overlay draws
 
 
 def collect(inputs: Sequence[Path], out: Path) -> list[Summary]:
@@ -37,7 +35,7 @@ def collect(inputs: Sequence[Path], out: Path) -> list[Summary]:
             raise SummaryError(f"{folder}: not a report folder")
         if folder.resolve() == out.resolve():
             raise SummaryError(f"{folder}: is also --out; merge into a new folder")
-        for summary in load_summaries(folder):  # an empty shard's folder holds none
+        for summary in summaries_under(folder):  # an empty shard's folder holds none
             _check_layout(folder, summary)
             if summary.key in found:
                 raise SummaryError(f"{summary.label} is in both {found[summary.key].path.parent} "
@@ -86,37 +84,13 @@ def merge(inputs: Sequence[Path], out: Path, console: Console) -> list[Summary]:
     """Copy every input's variant folders into `out` (reserved as `run` reserves it), one
     folder at a time into place, then redraw the overlays; the merged summaries, in order."""
     summaries = collect(inputs, out)
-    frames = [_samples(s.path.parent / "samples.csv") for s in summaries]
+    frames = [plotted_samples(s.path.parent) for s in summaries]
     with report.reserve(out):
         for summary in summaries:
             _copy(summary.path.parent, out.joinpath(*summary.key))
         overlays(((s.key[0], s.key[1], frame) for s, frame in zip(summaries, frames, strict=True)
                   if not frame.empty), out, console)
     return summaries
-
-
-def _samples(path: Path) -> pd.DataFrame:
-    """A variant's samples, checked before anything is written: UTF-8 CSV whose plotted
-    columns hold numbers; empty where the run left none (a refused or failed variant)."""
-    try:
-        frame = pd.read_csv(path, encoding="utf-8")
-    except (FileNotFoundError, pd.errors.EmptyDataError):
-        return pd.DataFrame()
-    except UnicodeDecodeError:
-        raise SummaryError(f"{path}: not valid samples (not UTF-8 text)") from None
-    except (OSError, ValueError) as exc:  # pandas' ParserError is a ValueError
-        reason = clip(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        raise SummaryError(f"{path}: not valid samples ({reason})") from None
-    if frame.empty:
-        return frame
-    missing = [name for name in PLOTTED if name not in frame.columns]
-    if missing:
-        raise SummaryError(f"{path}: not valid samples (lacks {', '.join(missing)}; expected "
-                           f"the columns {', '.join(PLOTTED)})")
-    for name in PLOTTED:
-        if not pd.api.types.is_numeric_dtype(frame[name]):
-            raise SummaryError(f"{path}: not valid samples ({name}: expected numbers)")
-    return frame
 
 
 def _copy(source: Path, target: Path) -> None:

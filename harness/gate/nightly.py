@@ -1,7 +1,7 @@
-"""The history record: every night's gated metrics, kept across nights in one JSON file.
+"""The nightly record: every night's gated metrics, kept across nights in one JSON file.
 
 A comparison sees two runs; a slow drift (a few MiB a week as mlx moves) shows only across many.
-`kvmem publish` turns a night's summaries into one `Run` (its date, commit, backend, versions and
+`kvmem publish` turns a night's summaries into one `Night` (its date, commit, backend, versions and
 each variant's gated metrics), appends it to the record the previous night published, keeps the
 last N runs and writes the record back as the site's `history.json`:
 
@@ -55,8 +55,8 @@ Figure = Annotated[float, Field(allow_inf_nan=False),
 _STRICT = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
-class Entry(BaseModel):
-    """One variant in one run: its gated metrics, or why it did not complete."""
+class VariantNight(BaseModel):
+    """One variant on one night: its gated metrics, or why it did not complete."""
 
     model_config = _STRICT
     status: str
@@ -67,7 +67,7 @@ class Entry(BaseModel):
         return self.metrics.get(metric) if self.status == "ok" else None
 
 
-class Run(BaseModel):
+class Night(BaseModel):
     """One night: where its figures came from, and each scenario's variants."""
 
     model_config = _STRICT
@@ -76,30 +76,25 @@ class Run(BaseModel):
     backend: Annotated[str, Field(min_length=1)]
     mlx: str
     mlx_lm: str
-    scenarios: dict[str, dict[str, Entry]]
+    scenarios: dict[str, dict[str, VariantNight]]
 
-    def entry(self, scenario: str, variant: str) -> Entry | None:
+    def variant(self, scenario: str, variant: str) -> VariantNight | None:
         return self.scenarios.get(scenario, {}).get(variant)
 
 
 class Record(BaseModel):
-    """The runs, oldest first; `units` says what each metric is measured in."""
+    """The nights (`runs`), oldest first; `units` says what each metric is measured in."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, populate_by_name=True)
     schema_: int = Field(default=SCHEMA, alias="schema")
-    units: dict[str, str] = Field(default_factory=lambda: {m: unit(m) for m in gated()})
-    runs: tuple[Run, ...] = ()
+    units: dict[str, str] = Field(default_factory=lambda: {
+        m: METRICS[m].suffixed(METRICS[m].unit) for m in gated()})
+    runs: tuple[Night, ...] = ()
 
     def to_json(self) -> str:
         """Compact (a year of nights is a few MiB), without the errors of completed runs."""
         data = self.model_dump(mode="json", by_alias=True, exclude_none=True)
         return json.dumps(data, separators=(",", ":")) + "\n"
-
-
-def unit(metric: str) -> str:
-    """`bytes`, `bytes/req` or `ratio`: what the record's figures for `metric` count."""
-    spec = METRICS[metric]
-    return f"{spec.unit}/{spec.per}" if spec.per else spec.unit
 
 
 def parse_date(text: str) -> datetime:
@@ -112,7 +107,7 @@ def parse_date(text: str) -> datetime:
     return (value if value.tzinfo else value.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
 
 
-def tonight(summaries: Sequence[Summary], date: datetime, commit: str | None) -> Run:
+def tonight(summaries: Sequence[Summary], date: datetime, commit: str | None) -> Night:
     """The night's summaries as one run: of one backend, one summary per variant, and one
     commit (`commit`, else the git revision every summary records)."""
     index_summaries(summaries)
@@ -127,17 +122,17 @@ def tonight(summaries: Sequence[Summary], date: datetime, commit: str | None) ->
             raise CompareError("the summaries do not share one git revision: pass --commit SHA")
     if not COMMIT.fullmatch(commit):
         raise CompareError(f"commit {echo(commit)}: expected a git commit SHA (4 to 64 hex digits)")
-    scenarios: dict[str, dict[str, Entry]] = {}
+    scenarios: dict[str, dict[str, VariantNight]] = {}
     for s in sorted(summaries, key=lambda s: s.key):
         metrics = {m: v for m in gated() if (v := s.metric(m)) is not None} if s.ok else {}
-        scenarios.setdefault(s.scenario, {})[s.variant] = Entry(
+        scenarios.setdefault(s.scenario, {})[s.variant] = VariantNight(
             status=s.status, error=None if s.ok else clip(s.first_error), metrics=metrics)
     versions = lambda name: ", ".join(sorted({getattr(s.environment, name) for s in summaries}))
-    return Run(date=date, commit=commit, backend=backends[0], mlx=versions("mlx"),
+    return Night(date=date, commit=commit, backend=backends[0], mlx=versions("mlx"),
                mlx_lm=versions("mlx_lm"), scenarios=scenarios)
 
 
-def appended(record: Record, run: Run, keep: int) -> Record:
+def appended(record: Record, run: Night, keep: int) -> Record:
     """`record` with `run` added in date order, its oldest runs dropped beyond `keep`. One
     record holds one backend: the site's charts join its runs into lines."""
     held = {r.backend for r in record.runs} - {run.backend}
@@ -148,15 +143,11 @@ def appended(record: Record, run: Run, keep: int) -> Record:
     return Record(runs=tuple(runs[-keep:]))
 
 
-def read_record(path: Path) -> Record | None:
-    """The record at `path`; None when no file is there (a new history starts). Anything else
-    that is not a record is bad input naming the file and the field."""
+def parse_record(path: Path, content: bytes) -> Record:
+    """The record in `content` (read from `path` by harness.store.nightly); anything that is not
+    a record is bad input naming the file and the field."""
     try:
-        text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise CompareError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        text = content.decode("utf-8")
     except UnicodeDecodeError:
         raise CompareError(f"{path}: not a kvmem history (not UTF-8 text)") from None
     try:
