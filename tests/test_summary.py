@@ -1,5 +1,5 @@
 """The typed summary: what a run writes and a reader parses is one pydantic model, which keeps
-what its writer gave and upgrades an older schema through MIGRATIONS."""
+what its writer gave and refuses a schema other than its own."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from harness.judge import summary as summaries
 from harness.judge.summary import SCHEMA, SummaryError, summary_from_bytes
 from harness.store.summaries import read_summary
 from tests.summaries import summary
@@ -32,18 +31,6 @@ def test_a_key_absent_from_a_file_stays_absent_and_an_unknown_one_is_kept():
     written = json.loads(summary_from_bytes(Path("s.json"), json.dumps(data).encode()).to_json())
     assert "scenario_file" not in written and "description" not in written
     assert written["mine"] == {"kept": True} and list(written)[-1] == "mine"
-
-
-def test_an_older_schema_is_upgraded_step_by_step(monkeypatch):
-    """A later layout registers its predecessor's upgrade; readers then take old files."""
-    def from_zero(data: dict) -> dict:
-        return {**data, "schema": 1, "environment": {"backend": data.pop("backend")}}
-
-    monkeypatch.setitem(summaries.MIGRATIONS, 0, from_zero)
-    old = {k: v for k, v in summary("s", "v").items() if k != "environment"}
-    old.update(schema=0, backend="cpu")
-    read = summary_from_bytes(Path("old.json"), json.dumps(old).encode())
-    assert (read.schema_version, read.backend) == (SCHEMA, "cpu")
 
 
 @pytest.mark.parametrize("schema", [0, 2, "1", True, None])

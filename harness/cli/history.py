@@ -12,7 +12,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ..common.errors import cannot_write, no_summaries
-from ..gate.history import DEFAULT_METRICS, EXPORTERS, points, write_history
+from ..gate.history import DEFAULT_METRICS, FEED, points, render_benchmark, write_history
 from ..gate.nightly import DEFAULT_KEEP, MAX_KEEP, Record, appended, parse_record, tonight
 from ..gate.site import write_site
 from ..judge.metrics import gated
@@ -24,7 +24,7 @@ from . import options
 def export(args: argparse.Namespace, console: Console) -> int:
     """The summaries' gated metrics as a benchmark feed (github-action-benchmark, Bencher)."""
     summaries = options.summaries(args.reports)
-    text = EXPORTERS[args.format](summaries)
+    text = render_benchmark(summaries)
     left_out = [s.label for s in summaries if not s.ok]
     if left_out:
         term.warn(options.errors(), [f"left out {len(left_out)} runs that did not complete: "
@@ -84,7 +84,7 @@ def add(sub: argparse._SubParsersAction) -> None:
         "export", help="write the summaries' gated metrics as a benchmark feed (JSON)")
     exporting.add_argument("reports", nargs="+", metavar="REPORTS",
                            help="report folders, summary files or baselines folders")
-    exporting.add_argument("--format", choices=tuple(EXPORTERS), default=next(iter(EXPORTERS)),
+    exporting.add_argument("--format", choices=(FEED,), default=FEED,
                            help="the feed's format (default: github-action-benchmark's "
                                 "customSmallerIsBetter list)")
     exporting.add_argument("--out", help="write the JSON to FILE instead of stdout")

@@ -65,8 +65,8 @@ def render_benchmark(summaries: Sequence[Summary]) -> str:
     return json.dumps(benchmark_entries(summaries), indent=2) + "\n"
 
 
-# `kvmem export --format`: each feed format and its rendering.
-EXPORTERS = {"github-action-benchmark": render_benchmark}
+# `kvmem export --format`: the one feed format, rendered by `render_benchmark`.
+FEED = "github-action-benchmark"
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ strict (a bool is no count, a string no number, NaN no figure).
 A summary keeps what its writer gave: a key absent from a file stays absent when the summary is
 written again, and a key kvmem does not know is kept, so a baseline records a report as it is.
 
-Versions: `schema` is SCHEMA. A file of an older schema is brought up to this one by
-MIGRATIONS, one step each; any other value is bad input naming the number it has.
+Versions: `schema` is SCHEMA, the first layout summaries were written in; any other value is
+bad input naming the number it has (a later layout adds the upgrade of its predecessor's files
+where they are read, `_current`).
 
 Nothing here imports MLX, mlx-lm, pandas or matplotlib: the gate reads summaries fast.
 """
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -47,9 +47,6 @@ from .provenance import Provenance
 from .records import Expectation, Finding, HeldAtRest
 
 SCHEMA = 1
-# Each older schema's upgrade to the next, by the schema it upgrades from. Schema 1 is the
-# first layout summaries were written in.
-MIGRATIONS: dict[int, Callable[[dict], dict]] = {}
 
 
 class SummaryError(BadInput):
@@ -435,11 +432,8 @@ def checked(summary: Summary) -> Summary:
 
 
 def _current(path: Path, data: dict) -> dict:
-    """`data` upgraded to SCHEMA through MIGRATIONS; bad input for a schema none leads from."""
+    """`data`, of schema SCHEMA; bad input for any other."""
     version = data.get("schema")
-    while version in MIGRATIONS:
-        data = MIGRATIONS[version](data)
-        version = data.get("schema")
     if version != SCHEMA or isinstance(version, bool):
         raise SummaryError(f"{path}: unsupported summary schema {_brief(version)}, "
                            f"expected {SCHEMA}")
