@@ -9,6 +9,7 @@ The registry's `reference_impl` names are not counted: they are its data, as a u
 from __future__ import annotations
 
 import ast
+import builtins
 import re
 from pathlib import Path
 
@@ -194,3 +195,44 @@ def test_no_module_or_function_outgrows_a_reading():
                      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
                      and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
     assert too_long == []
+
+
+def _classes(root: Path) -> dict[str, list[str]]:
+    """Each class defined under `root` by name, with the names of its bases."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                found[node.name] = [base.id if isinstance(base, ast.Name) else
+                                    getattr(base, "attr", "") for base in node.bases]
+    return found
+
+
+def outside_the_root(classes: dict[str, list[str]], root: str = "KvmemError") -> list[str]:
+    """The error classes among `classes` (a builtin Exception among their ancestors) that do not
+    derive from `root`. An interrupt (KeyboardInterrupt's) is no error: `except Exception`
+    must not catch it."""
+    def ancestors(name: str) -> set[str]:
+        bases = classes.get(name, [])
+        return set(bases).union(*(ancestors(base) for base in bases if base != name))
+
+    def builtin_error(name: str) -> bool:
+        value = getattr(builtins, name, None)
+        return isinstance(value, type) and issubclass(value, Exception)
+
+    return sorted(name for name in classes if name != root
+                  and any(map(builtin_error, ancestors(name))) and root not in ancestors(name))
+
+
+def test_every_exception_kvmem_defines_derives_from_its_root():
+    """One root, harness.common.errors.KvmemError, under which bad input (exit 2) and the
+    failures of a run sit. The agent is left out: it runs inside servers on the standard
+    library alone and imports nothing of kvmem's."""
+    classes = {name: bases for folder in sorted(HARNESS.iterdir())
+               if folder.is_dir() and folder.name != "agent"
+               for name, bases in _classes(folder).items()}
+    assert "RunFailure" in classes and outside_the_root(classes) == []
+    planted = {"KvmemError": ["Exception"], "Bad": ["KvmemError", "ValueError"],
+               "Stray": ["ValueError"], "Under": ["Stray"], "Plain": ["object"],
+               "Stop": ["KeyboardInterrupt"]}
+    assert outside_the_root(planted) == ["Stray", "Under"]

@@ -17,6 +17,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from ..common.echo import echo
+from ..common.errors import KvmemError
 
 NAME = "kvmem"
 EXTRA = "mlx"  # mlx-lm, which every in-process engine runs
@@ -25,7 +26,7 @@ COMMIT = re.compile(r"@[0-9a-f]{40}$")
 REACHABLE = ("https://", "http://")
 
 
-class PinError(ValueError):
+class PinError(KvmemError, ValueError):
     """An install spec that is not a pinned kvmem, or no default to offer."""
 
 

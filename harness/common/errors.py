@@ -1,9 +1,12 @@
-"""Bad input: one error type for every refusal kvmem makes (exit 2), and one message for each
-kind of refusal that several commands share.
+"""The root of every error kvmem raises on purpose, `KvmemError`; under it bad input, one error
+type for every refusal kvmem makes (exit 2), and one message for each kind of refusal that
+several commands share.
 
 Each part of kvmem raises its own subclass (a scenario's, a summary's, a report folder's...),
 so its callers can tell them apart; the command line catches `BadInput` alone and prints its
-message, which names the file and the field, on one line.
+message, which names the file and the field, on one line. A run that fails (`RunFailure`, in
+harness.run.engines) and kvmem's other errors derive from `KvmemError` too, each beside the
+standard exception its callers catch (ValueError, RuntimeError), which it stays.
 """
 
 from __future__ import annotations
@@ -12,8 +15,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 
-class BadInput(ValueError):
-    """Input kvmem refuses: a scenario, a summary, an option, a folder it cannot use."""
+class KvmemError(Exception):
+    """An error kvmem raises on purpose, with a message meant for its user."""
+
+
+class BadInput(KvmemError, ValueError):
+    """Input kvmem refuses: a scenario, a summary, an option, a folder it cannot use. A
+    ValueError still: pydantic reads one raised in a validator as the field's error."""
 
 
 def no_summaries(paths: Iterable[str | Path]) -> BadInput:

@@ -13,6 +13,8 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator
 
+from .errors import BadInput
+
 KiB = 2**10
 MiB = 2**20
 GiB = 2**30
@@ -26,21 +28,21 @@ MAX_SIZE = 2**53
 def parse_size(value: Any) -> int:
     """Bytes from an integer or a string such as `512 MiB`; negative sizes are rejected."""
     if isinstance(value, bool):
-        raise ValueError("expected a size in bytes, such as 4096 or '512 MiB'")
+        raise BadInput("expected a size in bytes, such as 4096 or '512 MiB'")
     if isinstance(value, int):
         number = value
     elif isinstance(value, str) and len(value) <= 64 and (match := _SIZE.match(value)):
         unit = match.group(2).upper()
         if unit not in _UNITS:
-            raise ValueError(f"unknown unit {match.group(2)!r}: expected B, KiB, MiB, GiB or TiB")
+            raise BadInput(f"unknown unit {match.group(2)!r}: expected B, KiB, MiB, GiB or TiB")
         # Exact arithmetic: a float would turn 40 digits into inf (OverflowError) or round.
         number = int(Fraction(match.group(1)) * _UNITS[unit])
     else:
-        raise ValueError("expected a size in bytes, such as 4096 or '512 MiB'")
+        raise BadInput("expected a size in bytes, such as 4096 or '512 MiB'")
     if number < 0:
-        raise ValueError("expected a size of zero or more bytes")
+        raise BadInput("expected a size of zero or more bytes")
     if number > MAX_SIZE:
-        raise ValueError("expected a size of at most 8 PiB (2**53 bytes)")
+        raise BadInput("expected a size of at most 8 PiB (2**53 bytes)")
     return number
 
 
@@ -63,7 +65,7 @@ def _scaled(value: Any, pattern: re.Pattern[str], scale: Callable[[float, str], 
     elif isinstance(value, str) and len(value) <= 32 and (match := pattern.match(value)):
         number = scale(float(match.group(1)), match.group(2))
     if number is None or not 0 < number <= most:
-        raise ValueError(f"{expected}, more than zero and at most {most:,g}")
+        raise BadInput(f"{expected}, more than zero and at most {most:,g}")
     return number
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..common.child import Child, how, import_first
 from ..common.echo import MAX_ECHO, clip, echo
+from ..common.errors import KvmemError
 
 if TYPE_CHECKING:
     from ..models.geometry import Geometry
@@ -50,7 +51,7 @@ REGISTRY: dict[str, str] = {
 SHIPPED = str(Path(__file__).resolve().parents[1] / "shipped")
 
 
-class ComponentError(ValueError):
+class ComponentError(KvmemError, ValueError):
     """A component name or import path that does not resolve to a callable."""
 
 

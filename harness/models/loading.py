@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..common.echo import clip
+from ..common.errors import KvmemError
 from . import geometry as geo
 from . import presets
 
@@ -54,7 +55,7 @@ class ModelChoice:
         return self.preset or Path(self.path or "model").name
 
 
-class ModelError(ValueError):
+class ModelError(KvmemError, ValueError):
     """A model that cannot be built or loaded; the message says why."""
 
 

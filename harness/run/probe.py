@@ -40,6 +40,7 @@ import numpy as np
 # The readers and the sample the in-server agent uses too, so both measure alike.
 from ..agent.kvmem_agent import COUNTERS, PHASES, Counters, Sample, current_rss
 from ..agent.kvmem_rest import Rest, at_rest
+from ..common.errors import KvmemError
 from .holders_log import HOLDERS_SPOOL, HolderLog
 from .rows import BLOCK, Rows
 from .seal import seal
@@ -92,7 +93,7 @@ def imported() -> frozenset[str]:
     return frozenset(names) | {name.partition(".")[0] for name in names}
 
 
-class CounterReplaced(RuntimeError):
+class CounterReplaced(KvmemError, RuntimeError):
     """The code under test replaced a function kvmem reads MLX's memory with; the message
     names which, and with what."""
 

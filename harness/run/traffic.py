@@ -31,13 +31,14 @@ from typing import TypeVar
 
 import numpy as np
 
+from ..common.errors import KvmemError
 from ..judge.summary import Latency
 from ..models.folder import sentence
 from ..scenario import trace
 from ..scenario.server import Distinct, HttpSpec, Idle, Sessions, SharedPrefix
 
 
-class TrafficError(Exception):
+class TrafficError(KvmemError):
     """A request the server did not answer as an OpenAI-compatible server would."""
 
 

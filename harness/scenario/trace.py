@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common.echo import echo
+from ..common.errors import KvmemError
 from ..common.units import MiB
 
 MAX_TRACE_BYTES = 256 * MiB
@@ -25,7 +26,7 @@ OWN = ("at", "session")  # kvmem's keys; the rest is the body
 SET = ("model", "max_tokens", "stream", "stream_options", "messages", "prompt")  # set by kvmem
 
 
-class TraceError(ValueError):
+class TraceError(KvmemError, ValueError):
     """A trace that cannot be replayed; the message names the file and, where one, the line."""
 
 
