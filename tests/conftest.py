@@ -12,7 +12,8 @@ from harness.judge.metrics import RunFacts, Samples, figures
 from harness.judge.records import Expectation, Finding
 from harness.models.folder import folder
 from harness.models.loading import ModelChoice
-from harness.run.engines import Engine, create
+from harness.run.engine_choice import create
+from harness.run.engines import Engine
 from harness.run.probe import Probe, to_frame
 from harness.scenario import ScenarioSpec
 

@@ -141,7 +141,7 @@ def test_each_engine_name_has_its_entry_and_its_class():
     """`engine:`'s names, the table of what each serves, and the classes serving them agree."""
     from typing import get_args
 
-    from harness.run.engines import engine_class
+    from harness.run.engine_choice import engine_class
     from harness.scenario.engines import ENGINES, EngineName
 
     assert get_args(EngineName) == tuple(ENGINES)

@@ -1,10 +1,9 @@
-"""What every engine is: the protocol the synthetic, mlx_lm and server engines implement, the
-failure an engine reports in its own words, and the engine a scenario names.
+"""What every engine is: the protocol the synthetic, mlx_lm and server engines implement and
+the failure an engine reports in its own words. Every engine imports this module; the one
+that picks the engine a scenario names, `harness.run.engine_choice`, imports them.
 
-The names are `harness.scenario.engines.EngineName` (the schema checks a scenario against
-them); an engine's module is imported here alone, only when a variant names it, so mlx-lm's
-model code is imported for `engine: mlx_lm` alone. A new engine is one module implementing
-`Engine`, its name and entry in harness.scenario.engines, and one branch in `engine_class`.
+A new engine is one module implementing `Engine`, its name and entry in
+harness.scenario.engines, and one branch in `harness.run.engine_choice.engine_class`.
 """
 
 from __future__ import annotations
@@ -12,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from ..common.errors import KvmemError
 from ..common.units import MiB
-from ..scenario.engines import EngineName
 
 if TYPE_CHECKING:
     from ..judge.summary import ModelFacts
@@ -28,7 +27,7 @@ Progress = Callable[..., None]
 RUNTIME_SLACK = 256 * MiB
 
 
-class RunFailure(RuntimeError):
+class RunFailure(KvmemError, RuntimeError):
     """A failure whose message says all there is to say (a server that died, with its output):
     reported without the traceback other errors in a variant's process get."""
 
@@ -56,22 +55,3 @@ class Engine(Protocol):
 
     def close(self) -> None: ...
 
-
-def engine_class(name: EngineName) -> type[Engine]:
-    """The class serving `engine: name`, its module imported now (the one place engines are
-    imported, each where it is named)."""
-    if name == "mlx_lm":
-        from .model_engine import ModelEngine
-        return ModelEngine
-    if name == "server":
-        from .server_engine import ServerEngine
-        return ServerEngine
-    assert name == "synthetic", name
-    from .synthetic_engine import SyntheticEngine
-    return SyntheticEngine
-
-
-def create(spec: ScenarioSpec, probe: Probe,
-           progress: Progress | None = None) -> Engine:
-    """The engine the scenario names (`engine:`), ready to serve in this process."""
-    return engine_class(spec.engine)(spec, probe, progress)

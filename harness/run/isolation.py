@@ -56,7 +56,8 @@ from ..judge.summary import ModelFacts
 from ..scenario import ScenarioSpec, Variant
 from . import holders_log
 from .defaults import DEFAULT_TIMEOUT
-from .engines import RunFailure, create, engine_class
+from .engine_choice import create, engine_class
+from .engines import RunFailure
 from .probe import REQUEST, REQUESTS_SPOOL, ROW, SAMPLES_SPOOL, CounterReplaced, Probe
 from .rows import read
 from .workdirs import ROWS, made, sweep
