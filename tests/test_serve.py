@@ -20,6 +20,7 @@ import pytest
 from harness.agent import kvmem_agent
 from harness.common.units import MiB
 from harness.judge import frames
+from harness.judge.summary import Environment
 from harness.run import traffic
 from harness.run.isolation import estimate_bytes, execute
 from harness.run.probe import PHASES
@@ -481,7 +482,7 @@ def test_a_server_that_fails_fails_its_variant_and_leaves_nothing(
     assert error in outcome.error
     assert "Traceback" not in outcome.error
     assert not servers()
-    _, _, summary = summarize(outcome, {"backend": "cpu"}, tmp_path)
+    _, _, summary = summarize(outcome, Environment(backend="cpu"), tmp_path)
     assert summary.status == "failed" and error in summary.error
 
 

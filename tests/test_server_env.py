@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.judge.summary import Environment
 from harness.run import server_env
 from harness.run.isolation import execute
 from harness.run.suite import summarize
@@ -36,7 +37,7 @@ def run_variant(tmp_path: Path, scenario: dict) -> dict:
     path.write_text(yaml.safe_dump(scenario))
     (variant,) = load_variants(path)
     outcome = execute(variant, timeout=300)
-    _, _, summary = summarize(outcome, {"backend": "cpu", "mlx": MLX, "mlx_lm": "?"}, tmp_path)
+    _, _, summary = summarize(outcome, Environment(backend="cpu", mlx=MLX, mlx_lm="?"), tmp_path)
     return json.loads(summary.to_json())
 
 

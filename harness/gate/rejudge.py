@@ -55,12 +55,11 @@ def rejudged(summary: Summary, folder: Path, spec: ScenarioSpec) -> Summary:
     from ..report.plots import series
 
     samples, holders = read_rows(folder)
-    samples.attrs["buffer_limit"] = summary.environment.buffer_limit
     served = summary.status in SERVED and not samples.empty
     facts = RunFacts(summary.metric("wall_s") or 0.0, int(summary.metric("estimate") or 0),
                      summary.model.weights if summary.model is not None else None)
     verdict = judge(samples if served else None, holders, spec.detect, spec.expect, facts,
-                    summary.backend)
+                    summary.environment)
     of_run = {name: value for name, value in summary.metrics.items()
               if name in METRICS and METRICS[name].of_run}
     metrics = {name: of_run[name] if METRICS[name].of_run else value

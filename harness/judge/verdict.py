@@ -1,10 +1,10 @@
 """Judging a run: its rows and what its scenario asks give the findings, figures and
 expectations its summary records.
 
-One recipe, applied twice: the run judges what its child sampled (harness.run.suite), and the
-gate judges again the rows a report folder holds, with its own code and the scenario as it reads
-it (harness.gate.rejudge), so that the figures a measured process could rewrite in summary.json
-never decide a verdict.
+One recipe, applied twice: the run judges what it sampled (harness.run.judged, for `run`,
+`noise` and `record` alike), and the gate judges again the rows a report folder holds, with its
+own code and the scenario as it reads it (harness.gate.rejudge), so that the figures a measured
+process could rewrite in summary.json never decide a verdict.
 """
 
 from __future__ import annotations
@@ -17,9 +17,13 @@ from .expect import ExpectSpec, check, graded
 from .holders import largest, named
 from .metrics import RunFacts, Samples, figures, recorded
 from .records import Expectation, Finding, HeldAtRest
+from .summary import Environment
 
 if TYPE_CHECKING:
     import pandas as pd
+
+SERVED = ("ok", "interrupted")  # statuses whose samples are judged: an interrupted run on what
+# it sampled, as a shorter run would be (it never passes)
 
 
 @dataclass(frozen=True)
@@ -36,13 +40,14 @@ class Verdict:
 
 
 def judge(frame: pd.DataFrame | None, holders: pd.DataFrame, thresholds: DetectSpec,
-          expect: ExpectSpec, facts: RunFacts, backend: str) -> Verdict:
+          expect: ExpectSpec, facts: RunFacts, environment: Environment) -> Verdict:
     """The verdict on a run's samples (`frame`, None for a run that served nothing: its facts
-    alone) and its holders' rows, under the scenario's thresholds and expectations. `backend`
-    says what host memory is there (host_memory, host_rate); a backend's buffer limit, where
-    it has one, is `frame.attrs["buffer_limit"]`."""
+    alone) and its holders' rows, under the scenario's thresholds and expectations. The
+    environment's backend says what host memory is there (host_memory, host_rate), and its
+    buffer limit, where it has one, bounds the live buffers (`frame.attrs`)."""
+    backend = environment.backend
     if frame is not None:
-        frame.attrs["backend"] = backend
+        frame.attrs.update(backend=backend, buffer_limit=environment.buffer_limit)
     findings = named(detect(frame, thresholds, backend), holders, frame) if frame is not None else []
     values = figures(Samples(frame, findings, thresholds, facts))
     expectations = check(expect, findings, values) if frame is not None else []

@@ -12,12 +12,13 @@ import os
 import platform
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import psutil
 
 from ..common.digest import tree_digest
 from ..common.units import GiB
+from ..judge.provenance import FolderDigest, Preloaded, Runner
+from ..judge.summary import Environment
 from .preloaded import preloaded
 
 BACKENDS = ("cpu", "metal", "cuda")  # what `backend` can say
@@ -44,17 +45,16 @@ def buffer_limit() -> int | None:
     return reported(mx)
 
 
-def runner() -> dict[str, Any]:
-    """The class of machine that measures (harness.judge.provenance.Runner): two runs of
-    unchanged code on one class give figures the gate compares as like with like."""
+def runner() -> Runner:
+    """The class of machine that measures: two runs of unchanged code on one class give
+    figures the gate compares as like with like."""
     cpus = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
             else os.cpu_count() or 1)
-    return {"backend": backend(), "machine": platform.machine(), "cpus": cpus,
-            "memory_gib": round(psutil.virtual_memory().total / GiB),
-            "os": platform.system()}
+    return Runner(backend=backend(), machine=platform.machine(), cpus=cpus,
+                  memory_gib=round(psutil.virtual_memory().total / GiB), os=platform.system())
 
 
-def model_folder(path: str | None) -> dict[str, Any] | None:
+def model_folder(path: str | None) -> FolderDigest | None:
     """The digest of the model folder a scenario names by `path` (relative to where kvmem
     runs), as `environment.model_folder` records it; None for a model kvmem builds itself, and
     a digest of `unreadable` where the folder cannot be read (the run fails on it anyway)."""
@@ -63,9 +63,9 @@ def model_folder(path: str | None) -> dict[str, Any] | None:
     try:
         digest = tree_digest(Path(path))
     except OSError as exc:
-        return {"path": path, "sha256": f"unreadable: {exc.strerror or exc}", "files": 0,
-                "bytes": 0}
-    return {"path": path, "sha256": digest.sha256, "files": digest.files, "bytes": digest.bytes}
+        return FolderDigest(path=path, sha256=f"unreadable: {exc.strerror or exc}", files=0,
+                            bytes=0)
+    return FolderDigest(path=path, sha256=digest.sha256, files=digest.files, bytes=digest.bytes)
 
 
 def _revision(folder: Path) -> str | None:
@@ -79,7 +79,7 @@ def _revision(folder: Path) -> str | None:
         return None
 
 
-def environment() -> dict:
+def environment() -> Environment:
     """What produced a run's figures; summaries from different backends are never compared.
 
     `git_revision` is the commit of the folder kvmem ran in (the project under test);
@@ -91,16 +91,10 @@ def environment() -> dict:
         mlx_lm = md.version("mlx-lm")
     except md.PackageNotFoundError:  # kvmem without its `mlx` extra, beside a server's own
         mlx_lm = "not installed"
-    return {
-        "backend": backend(),
-        "buffer_limit": buffer_limit(),
-        "mlx": md.version("mlx"),
-        "mlx_lm": mlx_lm,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "platform": platform.platform(),
-        "git_revision": _revision(Path.cwd()),
-        "kvmem": {"version": md.version("kvmem"), "revision": _revision(Path(__file__).parent)},
-        "runner": runner(),
-        "preloaded": preloaded(Path.cwd()),
-    }
+    return Environment(
+        backend=backend(), buffer_limit=buffer_limit(), mlx=md.version("mlx"), mlx_lm=mlx_lm,
+        python=platform.python_version(), machine=platform.machine(),
+        platform=platform.platform(), git_revision=_revision(Path.cwd()),
+        kvmem={"version": md.version("kvmem"), "revision": _revision(Path(__file__).parent)},
+        runner=runner(),
+        preloaded=[Preloaded.model_validate(entry) for entry in preloaded(Path.cwd())])

@@ -49,19 +49,19 @@ from ..common.child import how
 from ..common.errors import BadInput, cannot_write
 from ..common.names import flaw
 from ..common.units import format_bytes
-from ..judge.detectors import DetectSpec, detect, detect_spec
-from ..judge.expect import check, expect_spec, graded
-from ..judge.holders import largest, named
-from ..judge.metrics import RunFacts, Samples, figures, recorded
+from ..judge.detectors import DetectSpec, detect_spec
+from ..judge.expect import expect_spec
+from ..judge.metrics import RunFacts
 from ..judge.over_time import describe, fit, per_second
-from ..judge.summary import SCHEMA, Environment, ModelFacts, Series, Summary
+from ..judge.summary import ModelFacts, Summary
 from ..report import folder as report
-from ..report.plots import series
 from ..scenario import Variant
 from ..scenario.server import ServerSpec
 from .agented import Agented, AgentSettings, ServerError
 from .environment import environment as describe_environment
 from .followed import REPLY_TIMEOUT, Family, Walk, combine, holder_rows, next_walk, origin
+from .judged import Measured
+from .judged import summarize as judged
 from .probe import to_frame
 from .server_engine import free_port
 from .suite import write
@@ -338,28 +338,16 @@ def thresholds(settings: Settings) -> DetectSpec:
 def summarize(settings: Settings, frame: pd.DataFrame, ending: Ending, wall_s: float,
               processes: list[dict[str, Any]], notes: list[str],
               holders: pd.DataFrame) -> Summary:
-    """The recording's summary, as `run` writes one: findings, with the holders they name, and
-    expectations where sampling went as planned, the figures of whatever samples there are."""
-    environment = describe_environment()
-    spec, expect = thresholds(settings), expect_spec({})
-    served = ending.status == "ok" and not frame.empty
-    findings = (named(detect(frame, spec, environment["backend"]), holders, frame)
-                if served else [])
-    values = figures(Samples(frame if served else None, findings, spec, RunFacts(wall_s, 0)))
-    expectations = check(expect, findings, values) if served else []
-    # Keyword by keyword the type checker would ask for `noise` too, which a summary writes
-    # once given, even as null: the optional blocks go in as `summarize` in suite.py passes them.
-    optional: dict[str, Any] = {"model": ModelFacts(engine="record", processes=processes,
-                                                    notes=notes),
-                                "holders": largest(holders, frame) if served else None}
-    summary = Summary(
-        schema=SCHEMA, scenario=SCENARIO, variant=settings.name,
-        description=shlex.join(settings.command), status=ending.status, error=ending.error,
-        exit_status=ending.code, last_step=len(frame), metrics=recorded(values),
-        findings=graded(findings, expect), expectations=expectations,
-        passed=served and all(e.ok for e in expectations),
-        detect=spec.model_dump(mode="json"), series=Series(active=series(frame)),
-        environment=Environment.model_validate(environment), **optional)
+    """The recording's summary, as `run` writes one (harness.run.judged): findings, with the
+    holders they name, and expectations where sampling went as planned, the figures of
+    whatever samples there are."""
+    run = Measured(
+        scenario=SCENARIO, variant=settings.name, description=shlex.join(settings.command),
+        status=ending.status, error=ending.error, exit_status=ending.code,
+        last_step=len(frame), facts=RunFacts(wall_s, 0), environment=describe_environment(),
+        given={"model": ModelFacts(engine="record", processes=processes, notes=notes)},
+        nulls=("holders",))
+    summary = judged(run, frame, holders, thresholds(settings), expect_spec({}))
     return summary.at(settings.folder / "summary.json")
 
 

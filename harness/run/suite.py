@@ -1,10 +1,11 @@
 """Runs scenario variants end to end: execute, detect, check, write the reports.
 
 `run_variants` runs each variant once in its own process (`harness.run.isolation.execute`),
-then `summarize` (samples, findings, summary) and the report writer; with `jobs` > 1 several
-children run at once, admitted by memory (`harness.run.schedule`), and each report is written
-from the main thread as its run finishes. `harness.run.repeat` runs the whole list N times
-through it and keeps each variant's median run with its measured spread.
+then `summarize` (samples, findings, and the summary of harness.run.judged) and the report
+writer; with `jobs` > 1 several children run at once, admitted by memory
+(`harness.run.schedule`), and each report is written from the main thread as its run finishes.
+`harness.run.repeat` runs the whole list N times through it and keeps each variant's median run
+with its measured spread.
 Ctrl-C or SIGTERM during `run_variants` stops the variants running, each of which reports what
 it sampled (status `interrupted`), starts no other, and raises `Interrupted` with the
 summaries written; a second one stops at once, as an interrupt always did.
@@ -34,17 +35,18 @@ from rich.progress import Progress, TaskID
 
 from ..judge.metrics import RunFacts
 from ..judge.records import Finding
-from ..judge.summary import SCHEMA, Environment, Series, Summary
-from ..judge.verdict import judge
+from ..judge.summary import Environment, Summary
 from ..report import folder as report
 from ..report.console import progress_bars, warn
-from ..report.plots import plot_overlay, series
+from ..report.plots import plot_overlay
 from ..scenario import ScenarioSpec, Variant
 from .defaults import DEFAULT_TIMEOUT
 from .environment import environment as describe_environment
 from .environment import model_folder
 from .holders_log import frame as holders_frame
-from .isolation import INTERRUPTED, RunOutcome, execute
+from .isolation import RunOutcome, execute
+from .judged import Measured
+from .judged import summarize as judged
 from .probe import to_frame
 from .schedule import Scheduler, in_parallel, planned_steps
 from .workdirs import sweep
@@ -86,7 +88,7 @@ def interrupts(stop: threading.Event) -> Iterator[None]:
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
-def _environment(environment: dict[str, Any], outcome: RunOutcome) -> Environment:
+def _environment(environment: Environment, outcome: RunOutcome) -> Environment:
     """kvmem's environment with the packages the variant's components loaded (the pre-run
     check saw them); for a server in an environment of its own, that environment's MLX, mlx-lm
     and required packages, which produced the figures."""
@@ -94,7 +96,7 @@ def _environment(environment: dict[str, Any], outcome: RunOutcome) -> Environmen
     versions = {} if own is None else {"mlx": own.get("mlx", "?"),
                                        "mlx_lm": own.get("mlx-lm", "not installed")}
     folder = model_folder(outcome.variant.spec.model.path)  # the bytes a `model.path` names
-    return Environment.model_validate({**environment, **versions,
+    return Environment.model_validate({**environment.model_dump(), **versions,
                                        **({"model_folder": folder} if folder else {}),
                                        "packages": {**outcome.variant.packages, **(own or {})}})
 
@@ -110,36 +112,23 @@ def requests_frame(requests: Any) -> pd.DataFrame:
     return frame
 
 
-def summarize(outcome: RunOutcome, environment: dict[str, Any],
+def summarize(outcome: RunOutcome, environment: Environment,
               out: Path = Path()) -> tuple[pd.DataFrame, list[Finding], Summary]:
     """Samples, findings and the summary of one executed variant, whose report goes to `out`
     (out/scenario/variant/summary.json)."""
-    spec = outcome.variant.spec
+    spec, variant = outcome.variant.spec, outcome.variant
     frame = to_frame(outcome.rows)
-    frame.attrs["buffer_limit"] = environment.get("buffer_limit")  # the backend's, if it has one
-    frame.attrs["backend"] = environment["backend"]  # what host memory is there (host_rate)
-    holders = holders_frame(outcome.holders)
-    # An interrupted run is judged on what it sampled, as a shorter run would be; it never passes.
-    served = outcome.status in ("ok", INTERRUPTED) and not frame.empty
     weights = outcome.model.weights if outcome.model is not None else None
-    verdict = judge(frame if served else None, holders, spec.detect, spec.expect,
-                    RunFacts(outcome.wall_s, outcome.estimate, weights), environment["backend"])
-    optional: dict[str, Any] = {"peak_resets": outcome.resets or None,
-                                "store_stats": outcome.store_stats, "model": outcome.model,
-                                "holders": verdict.holders}
-    summary = Summary(
-        schema=SCHEMA, scenario=spec.name, variant=outcome.variant.name,
-        scenario_file=str(outcome.variant.path), description=spec.description,
+    run = Measured(
+        scenario=spec.name, variant=variant.name, description=spec.description,
         status=outcome.status, error=outcome.error, exit_status=outcome.exit_status,
-        last_step=outcome.last_step, metrics=verdict.metrics, findings=verdict.findings,
-        expectations=verdict.expectations, passed=verdict.held and outcome.status == "ok",
-        compare=spec.expect.compare,
-        # Every detector's thresholds as applied: the gate sees a pull request that moves one.
-        detect=spec.detect.model_dump(mode="json"),
-        series=Series(active=series(frame)),
+        last_step=outcome.last_step, facts=RunFacts(outcome.wall_s, outcome.estimate, weights),
         environment=_environment(environment, outcome),
-        **{name: value for name, value in optional.items() if value is not None})
-    return frame, verdict.findings, summary.at(out / spec.name / outcome.variant.name / "summary.json")
+        given={"scenario_file": str(variant.path), "compare": spec.expect.compare,
+               "peak_resets": outcome.resets or None, "store_stats": outcome.store_stats,
+               "model": outcome.model})
+    summary = judged(run, frame, holders_frame(outcome.holders), spec.detect, spec.expect)
+    return frame, summary.findings, summary.at(out / spec.name / variant.name / "summary.json")
 
 
 def run_variants(variants: list[Variant], out: Path, console: Console | None = None,
