@@ -22,10 +22,10 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from harness.adopt import CONTEXT, LABEL, PLACEHOLDER, pin, templates
-from harness.cli import main
+from harness.adopt import CONTEXT, LABEL, Setup, pin, rendered, template
+from harness.cli import main, parser
 from tests.test_packaging import build_wheel, fresh_environment
-from tests.test_workflows import PINS, USES, check_schema
+from tests.test_workflows import KIT, PINS, USES, check_schema, parsed
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -80,11 +80,36 @@ def shellcheck(script: str) -> subprocess.CompletedProcess:
 
 
 def test_init_writes_its_files_at_the_repository_root(repo):
+    written = rendered(Setup(PINNED))
     assert {p.relative_to(repo).as_posix() for p in repo.rglob("*")
-            if p.is_file() and ".git" not in p.parts} == set(templates())
+            if p.is_file() and ".git" not in p.parts} == set(written)
+    for path, text in written.items():
+        assert (repo / path).read_text() == text, path
+        assert not template.NAME.search(text) and template.MARK not in text, path
     for name in ("kvmem-pr.yml", "kvmem-comment.yml", "kvmem-nightly.yml"):
         assert workflow(repo, name)["env"]["KVMEM_INSTALL"] == PINNED
-    assert not any(PLACEHOLDER in p.read_text() for p in repo.rglob("*.yml"))
+
+
+def test_a_template_keeps_the_blocks_its_flags_set_and_fills_in_its_names():
+    text = "a __X_Y__\n#@if on\nb\n  #@if off\nc\n  #@else\nd\n  #@end\n#@else\ne\n#@end\nf\n"
+    values = {"X_Y": "1"}
+    assert template.render(text, {"on": True, "off": False}, values) == "a 1\nb\nd\nf\n"
+    assert template.render(text, {"on": False, "off": True}, values) == "a 1\ne\nf\n"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("#@if nope\n#@end\n", "'#@if nope' is no mark"), ("#@end\n", "'#@end' is no mark"),
+    ("#@else on\n", "'#@else on' is no mark"), ("#@if on\nx\n", "1 block(s) not closed"),
+    ("__NOPE__\n", "__NOPE__: no such value"),
+])
+def test_a_mistake_in_a_template_is_named(text, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        template.render(text, {"on": True}, {})
+
+
+def test_the_history_site_is_published_from_merged_shards_only():
+    with pytest.raises(ValueError, match="shards >= 2"):
+        Setup(None, site=True)
 
 
 def test_init_refuses_to_overwrite_naming_the_files_and_writes_nothing(tmp_path, capsys):
@@ -97,7 +122,7 @@ def test_init_refuses_to_overwrite_naming_the_files_and_writes_nothing(tmp_path,
     assert "scenarios/kvmem_starter.yaml: already in" in err and "--force" in err
     assert mine.read_text() == "mine\n" and not (root / "baselines").exists()
     assert main(["init", "--install", SPEC, "--dir", str(root), "--force"]) == 0
-    assert mine.read_text() == templates()["scenarios/kvmem_starter.yaml"]
+    assert mine.read_text() == rendered(Setup(PINNED))["scenarios/kvmem_starter.yaml"]
     out = capsys.readouterr().out
     assert "wrote scenarios/kvmem_starter.yaml" in out and f"install {PINNED}" in out
     assert "kvmem baseline update --runs 3" in out and LABEL in out
@@ -177,6 +202,59 @@ def test_the_workflows_are_least_privilege_pinned_and_honour_the_gates_exit(repo
         'python -m pip install --quiet "$KVMEM_INSTALL"', "kvmem run scenarios --out reports --gated"]
     assert judge["on"]["workflow_run"]["workflows"] == [pr["name"]]
     assert judge["env"]["CONTEXT"] == CONTEXT
+
+
+def test_the_nightly_runs_and_checks_in_one_job_then_counts_what_it_left(repo):
+    """Unsharded, `baseline check` runs the scenarios itself; the issue job is the one this
+    repository's nightly runs (tests/test_workflows.py runs its script), but for its artifact."""
+    data = workflow(repo, "kvmem-nightly.yml")
+    assert list(data["jobs"]) == ["baseline-check", "issue"]
+    later = data["jobs"]["baseline-check"]["steps"]
+    ids = [s.get("id") for s in later]
+    check, count = later[ids.index("check")], later[ids.index("count")]
+    assert ids.index("check") < ids.index("count") and count["if"] == "${{ !cancelled() }}"
+    assert "kvmem baseline check --reports reports --format markdown" in check["run"]
+    assert "count=$(find reports -name summary.json | wc -l)" in count["run"]
+    (upload,) = [s for s in later if s.get("uses", "").startswith("actions/upload-artifact@")]
+    assert upload["with"]["name"] == "kvmem-nightly"
+    assert upload["with"]["path"].split() == ["delta/memory-delta.md", "reports/**/summary.json",
+                                              "reports/**/*.png"]
+    ours = parsed((ROOT / ".github" / "workflows" / "memory-nightly.yml").read_text())["jobs"]
+    issue = data["jobs"]["issue"]
+    assert issue["steps"][0]["with"]["name"] == "kvmem-nightly"
+    issue["steps"][0]["with"]["name"] = "memory-nightly"
+    assert issue == ours["issue"]
+
+
+def test_the_action_runs_the_gate_as_kvmem_parses_it_with_the_workflows_pins_and_python(tmp_path):
+    """action.yml is written by hand (one step that runs and judges, in the pull request's own
+    workflow), and held to the workflows: the same pinned actions and Python, and a `kvmem gate
+    pr` that kvmem's own parser reads, writing the folders the action uploads."""
+    text = (ROOT / "action.yml").read_text()
+    pinned = [USES.match(line) for line in text.splitlines() if USES.match(line)]
+    assert pinned and all(PINS[m[1]] == (m[2], m[3].strip(" #")) for m in pinned)
+    action = yaml.safe_load(text)
+    runs = action["runs"]["steps"]
+    pythons = {s["with"]["python-version"] for name in KIT for s in steps(parsed(KIT[name]))
+               if s.get("uses", "").startswith("actions/setup-python@")}
+    assert pythons == {action["inputs"]["python-version"]["default"]}
+    gate = next(s for s in runs if "kvmem gate pr" in s.get("run", ""))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "kvmem").write_text('#!/bin/sh\nprintf \'%s\\n\' "$@" > args\n')
+    (bin_dir / "kvmem").chmod(0o755)
+    env = {"PATH": f"{bin_dir}{os.pathsep}/usr/bin:/bin", "BASE": "origin/main",
+           "ACCEPTED": "true", "SCENARIOS": "a.yaml more", "JOBS": "2",
+           "RUN_URL": "https://github.com/o/r/actions/runs/7"}
+    subprocess.run(["bash", "-eo", "pipefail", "-c", gate["run"]], env=env, cwd=tmp_path,
+                   check=True)
+    args = parser().parse_args((tmp_path / "args").read_text().splitlines())
+    assert (args.command, args.check, args.base, args.accept, args.paths, args.jobs,
+            args.artifact_url) == ("gate", "pr", "origin/main", True, ["a.yaml", "more"], 2,
+                                   env["RUN_URL"])
+    uploaded = {s["with"]["path"] for s in runs
+                if s.get("uses", "").startswith("actions/upload-artifact@")}
+    assert uploaded == {f"{args.out}/", f"{args.reports}/"}
 
 
 def test_the_workflows_and_the_action_match_the_github_schemas(repo):

@@ -1,7 +1,9 @@
 """The GitHub workflows: valid against the vendored workflow schema, pinned, least-privileged, and
 wired as the gate needs. The pull-request check is tested as a set (its measurement, its judge and
 the acceptance's withdrawal), both this repository's and the one `kvmem init` writes: what each
-job may run, when, with which permissions, and its scripts run against stand-ins."""
+job may run, when, with which permissions, and its scripts run against stand-ins. This
+repository's gate workflows are written from `kvmem init`'s templates (harness/adopt/own.py),
+and are held to what they write."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.adopt import CONTEXT, LABEL
+from harness.adopt import CONTEXT, LABEL, Setup, own, rendered
 from harness.gate import event
 from harness.gate.render import MARKER
 
@@ -25,7 +27,9 @@ WORKFLOWS = Path(__file__).resolve().parents[1] / ".github" / "workflows"
 FILES = ("memory-pr.yml", "memory-comment.yml", "memory-accept.yml", "memory-nightly.yml",
          "tests.yml")
 ROOT = WORKFLOWS.parents[1]
-KIT = ROOT / "harness" / "adopt" / "templates" / ".github" / "workflows"
+# The workflows `kvmem init` writes, by file name.
+KIT = {Path(path).name: text for path, text in rendered(Setup("kvmem[mlx]==0.1.0")).items()
+       if path.startswith(own.WORKFLOWS)}
 # Every action by full commit SHA, its tag in a comment. Each SHA was confirmed as that tag by
 # several independent public repositories pinning the same SHA with the same tag comment.
 PINS = {
@@ -59,10 +63,28 @@ def check_schema(*paths: Path) -> subprocess.CompletedProcess:
          *map(str, paths)], capture_output=True, text=True)
 
 
-def workflow(name: str, folder: Path = WORKFLOWS) -> dict:
-    data = yaml.safe_load((folder / name).read_text())
+def workflow(name: str) -> dict:
+    """This repository's workflow `name`, parsed."""
+    return parsed((WORKFLOWS / name).read_text())
+
+
+def parsed(text: str) -> dict:
+    data = yaml.safe_load(text)
     data["on"] = data.pop(True)            # YAML 1.1 reads the bare key `on` as true
     return data
+
+
+def test_this_repositorys_gate_workflows_are_written_from_the_templates():
+    """Changing one by hand, or a template without writing them again, fails here."""
+    expected = own.workflows()
+    assert sorted(expected) == [f"{own.WORKFLOWS}memory-{name}.yml"
+                                for name in ("accept", "comment", "nightly", "pr")]
+    for path, text in expected.items():
+        assert (ROOT / path).read_text() == text, (
+            f"{path} is not what its template writes: edit harness/adopt/templates/, then run "
+            "`python -m harness.adopt.own`")
+    assert {p.name for p in WORKFLOWS.glob("*.yml")} == {Path(p).name for p in expected} | {
+        "tests.yml"}
 
 
 def steps(data: dict, job: str | None = None) -> list[dict]:
@@ -121,8 +143,8 @@ def test_every_action_is_pinned_to_a_confirmed_commit_with_its_tag():
 
 
 def test_no_write_permission_at_the_workflow_level_and_each_writer_in_its_one_job():
-    expected = {"memory-pr.yml": {"contents": "read"}, "memory-nightly.yml": {"contents": "read"},
-                "memory-comment.yml": {}, "memory-accept.yml": {}, "tests.yml": {"contents": "read"}}
+    expected = {"memory-pr.yml": {}, "memory-nightly.yml": {}, "memory-comment.yml": {},
+                "memory-accept.yml": {}, "tests.yml": {"contents": "read"}}
     for name in FILES:
         data = workflow(name)
         assert data["permissions"] == expected[name], name
@@ -172,7 +194,8 @@ def step(data: dict, job: str, name: str) -> dict:
 
 
 # The pull-request check, as this repository runs it and as `kvmem init` writes it.
-CHECKS = {"this-repository": (WORKFLOWS, "memory"), "init": (KIT, "kvmem")}
+CHECKS = {"this-repository": (lambda name: workflow(f"memory-{name}.yml"), "memory"),
+          "init": (lambda name: parsed(KIT[f"kvmem-{name}.yml"]), "kvmem")}
 HEAD_SHA = "${{ github.event.workflow_run.head_sha }}"
 STATUS_FUNCTION = re.compile(r"\b(?:always|cancelled|failure|success)\(\)")
 needs_node = pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
@@ -190,9 +213,8 @@ class Check:
 
 @pytest.fixture(params=list(CHECKS))
 def check(request) -> Check:
-    folder, prefix = CHECKS[request.param]
-    return Check(workflow(f"{prefix}-pr.yml", folder), workflow(f"{prefix}-comment.yml", folder),
-                 workflow(f"{prefix}-accept.yml", folder), f".github/workflows/{prefix}-pr.yml")
+    read, prefix = CHECKS[request.param]
+    return Check(read("pr"), read("comment"), read("accept"), f".github/workflows/{prefix}-pr.yml")
 
 
 def guarded(data: dict, name: str, measured: str) -> bool:
@@ -247,8 +269,7 @@ def test_the_judge_runs_nothing_of_the_head(check):
     assert "working-directory" not in install
     first, second = install["run"].splitlines()
     assert first == "python -m venv venv-judge"
-    assert second in ("venv-judge/bin/pip install --quiet ./judge",
-                      'venv-judge/bin/pip install --quiet "$KVMEM_INSTALL"')
+    assert second == 'venv-judge/bin/pip install --quiet "$KVMEM_INSTALL"'
     for s in after:
         script = s.get("run", "")
         assert not re.search(r"\b(?:python3?|pip)\b", script), s["name"]
@@ -323,12 +344,16 @@ def test_the_measurement_runs_the_head_and_leaves_only_data(check):
 
 def test_this_repositorys_check_measures_in_shards_and_judges_with_the_default_branch():
     measure, judge = workflow("memory-pr.yml"), workflow("memory-comment.yml")
-    assert list(measure["jobs"]) == ["run"]
-    assert_sharded(measure, "run", "memory-reports-shard", judge, "judge")
-    run = next(s for s in steps(measure, "run") if SHARD_FLAG in s.get("run", ""))
+    assert list(measure["jobs"]) == ["measure"]
+    assert_sharded(measure, "measure", "memory-reports-shard", judge, "judge")
+    run = next(s for s in steps(measure, "measure") if SHARD_FLAG in s.get("run", ""))
     assert run["run"] == f"python -m harness run scenarios {SHARD_FLAG} --out reports --gated"
-    # The default branch, where workflow_run runs: no `ref`.
-    own = next(c for c in using(judge, "actions/checkout", "judge") if c["with"]["path"] == "judge")
+    # The head's own kvmem measures; the default branch's, where workflow_run runs (no `ref`),
+    # checked out before anything else, judges.
+    assert measure["env"]["KVMEM_INSTALL"] == ".[mlx]"
+    assert judge["env"]["KVMEM_INSTALL"] == "./judge"
+    own = steps(judge, "judge")[0]
+    assert own["uses"].startswith("actions/checkout@")
     assert own["with"] == {"path": "judge", "persist-credentials": False}
     assert 'exit "$status"' in step(judge, "judge", "gate")["run"]
 
@@ -640,7 +665,7 @@ def test_nightly_workflow_checks_merged_shards_and_uploads_plots_and_history():
 def test_nightly_soaks_a_real_server_with_its_own_timeout_and_keeps_its_reports():
     data = workflow("memory-nightly.yml")
     soak = data["jobs"]["soak"]
-    assert soak["timeout-minutes"] >= 40 and "permissions" not in soak
+    assert soak["timeout-minutes"] >= 40 and soak["permissions"] == {"contents": "read"}
     assert "-m harness run scenarios-nightly --out reports/soak" in scripts(data, "soak")
     (upload,) = using(data, "actions/upload-artifact", "soak")
     assert upload["if"] == "always()" and upload["with"]["path"] == "reports/soak/"
@@ -821,7 +846,9 @@ def test_the_workflows_that_run_scenarios_install_kvmem_with_mlx_lm():
     for name in ("memory-pr.yml", "memory-nightly.yml"):
         data = workflow(name)
         installs = [s["run"] for s in steps(data) if "pip install" in s.get("run", "")]
-        assert installs and all(i == 'pip install --quiet ".[mlx]"' for i in installs), name
+        assert installs and all(i == 'python -m pip install --quiet "$KVMEM_INSTALL"'
+                                for i in installs), name
+        assert data["env"]["KVMEM_INSTALL"] == ".[mlx]", name
 
 
 def test_readme_links_the_gate_documentation():

@@ -1,33 +1,28 @@
 """`kvmem init`: what a repository needs to gate its pull requests on memory with kvmem.
 
-It writes the files under `templates/`, as they are, into the root of the git repository it
-runs in: a starter scenario that passes in seconds, a baselines folder saying how baselines
-are recorded, and four GitHub workflows: a pull request's measurement, its judge (the verdict
-as the commit status `CONTEXT`, and the comment), the withdrawal of an acceptance on a push,
-and a nightly check; those that run kvmem install one pinned kvmem (`pin.py`). Files already
+It writes the files under `templates/` into the root of the git repository it runs in, rendered
+for a pinned kvmem (kit.py): a starter scenario that passes in seconds, a baselines folder
+saying how baselines are recorded, and four GitHub workflows: a pull request's measurement, its
+judge (the verdict as the commit status `CONTEXT`, and the comment), the withdrawal of an
+acceptance on a push, and a nightly check; those that run kvmem install one pinned kvmem
+(`pin.py`). kvmem's own workflows are written from the same templates (own.py). Files already
 there are refused, not overwritten, unless asked: they may be the user's own.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
-from importlib.resources import files
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from ..common.errors import BadInput, cannot_write
 from ..common.files import atomic_text
+from .kit import Setup, rendered
+from .kit import templates as templates  # what a wheel ships (tests/test_packaging.py)
 from .pin import PinError, checked, default
 
-if TYPE_CHECKING:
-    from importlib.abc import Traversable
-
-# The workflows' `KVMEM_INSTALL: ...` value, replaced by the pinned requirement as a YAML string.
-PLACEHOLDER = "__KVMEM_INSTALL__"
 LABEL = "memory-accepted"
 # The commit status the judge sets on a pull request's head: what branch protection requires.
 CONTEXT = "kvmem/memory"
@@ -35,17 +30,6 @@ CONTEXT = "kvmem/memory"
 
 class AdoptError(BadInput):
     """`kvmem init` cannot write its files: one line naming the file or the option."""
-
-
-def templates(folder: Traversable | None = None, prefix: str = "") -> dict[str, str]:
-    """Each template's path in a repository, and its text."""
-    found: dict[str, str] = {}
-    for entry in (folder or files(__name__) / "templates").iterdir():
-        if entry.is_dir():
-            found |= templates(entry, f"{prefix}{entry.name}/")
-        else:
-            found[prefix + entry.name] = entry.read_text()
-    return found
 
 
 def repository(folder: Path) -> Path:
@@ -65,8 +49,7 @@ def repository(folder: Path) -> Path:
 def write(root: Path, install: str, force: bool = False) -> list[str]:
     """Write every template under `root`, the workflows installing `install`; refuse (writing
     nothing) when one exists, unless `force`. Returns the paths written, relative to `root`."""
-    texts = {path: text.replace(PLACEHOLDER, json.dumps(install))
-             for path, text in sorted(templates().items())}
+    texts = rendered(Setup(install))
     existing = [path for path in texts if (root / path).exists()]
     if existing and not force:
         raise AdoptError(f"{', '.join(existing)}: already in {root}; kvmem init overwrites "
