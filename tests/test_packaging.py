@@ -72,6 +72,7 @@ def test_the_wheel_holds_every_scenario_the_examples_and_what_init_writes(wheel)
     assert not any(name.startswith("examples/") for name in names)  # no top-level `examples`
     assert {f"harness/adopt/templates/{name}" for name in adopt.templates()} <= names
     assert {"harness/py.typed", "reference_impl/py.typed"} <= names  # docs/api.md's types
+    assert "harness/bundled/kvmem-scenario.schema.json" in names  # the bundled files' $schema
 
 
 def test_kvmem_list_in_an_empty_folder_shows_the_installed_wheels_scenarios(wheel, tmp_path):

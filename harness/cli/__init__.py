@@ -24,7 +24,7 @@ from rich.markup import escape
 from .. import adopt
 from ..common.echo import clip
 from ..common.errors import BadInput
-from . import gating, history, options, recording, running
+from . import gating, history, options, recording, running, schema
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,7 +39,7 @@ def parser() -> argparse.ArgumentParser:
     top = _Parser(prog="kvmem",
                   description="Memory profiling and regression gate for KV-cache strategies on MLX.")
     sub = top.add_subparsers(dest="command", required=True)
-    for group in (running, recording, gating, history, adopt):
+    for group in (running, recording, gating, history, schema, adopt):
         group.add(sub)
     return top
 

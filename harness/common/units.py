@@ -11,7 +11,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator
+from pydantic import BeforeValidator, WithJsonSchema
 
 from .errors import BadInput
 
@@ -46,7 +46,19 @@ def parse_size(value: Any) -> int:
     return number
 
 
-Size = Annotated[int, BeforeValidator(parse_size)]
+# How a number with a unit is written, for an editor checking a scenario (its JSON Schema).
+NUMBER_TEXT = r"^\s*[0-9]+(\.[0-9]+)?\s*"
+SIZE_TEXT = NUMBER_TEXT + r"([Bb]|[KkMmGg][Ii]?[Bb]|[Tt][Ii][Bb])?\s*"
+
+
+def written_as(pattern: str, number: dict[str, Any], example: str) -> WithJsonSchema:
+    """A value's JSON Schema: a number (`number`'s schema) or text matching `pattern`."""
+    return WithJsonSchema({"anyOf": [number, {"type": "string", "pattern": pattern + "$"}],
+                           "examples": [example]})
+
+
+Size = Annotated[int, BeforeValidator(parse_size),
+                 written_as(SIZE_TEXT, {"type": "integer", "minimum": 0}, "512 MiB")]
 
 _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(s|m|h|)\s*$", re.ASCII)
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
@@ -83,8 +95,12 @@ def parse_per_second(value: Any) -> float:
                    MAX_PER_SECOND)
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration)]
-PerSecond = Annotated[float, BeforeValidator(parse_per_second)]
+Duration = Annotated[float, BeforeValidator(parse_duration),
+                     written_as(NUMBER_TEXT + r"[smh]?\s*", {"type": "number", "exclusiveMinimum": 0},
+                                "30m")]
+PerSecond = Annotated[float, BeforeValidator(parse_per_second),
+                      written_as(NUMBER_TEXT + r"/\s*[smh]\s*",
+                                 {"type": "number", "exclusiveMinimum": 0}, "2/s")]
 
 
 BINARY_UNITS = (("B", 1), ("KiB", KiB), ("MiB", MiB), ("GiB", GiB))

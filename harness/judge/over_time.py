@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BeforeValidator, Field
 
-from ..common.units import MiB, Size, format_bytes, parse_size
+from ..common.units import SIZE_TEXT, MiB, Size, format_bytes, parse_size, written_as
 from .records import Finding, Severity, listed
 from .thresholds import Thresholds
 
@@ -45,7 +45,8 @@ def parse_rate(value: Any) -> int:
     return parse_size(value)
 
 
-Rate = Annotated[int, BeforeValidator(parse_rate)]
+Rate = Annotated[int, BeforeValidator(parse_rate),
+                 written_as(SIZE_TEXT + r"(/s)?\s*", {"type": "integer", "minimum": 0}, "5 MiB/s")]
 
 
 class DriftThresholds(Thresholds):

@@ -265,21 +265,35 @@ _UNBATCHABLE = ("mlx_lm.QuantizedKVCache", "reference.turboquant")
 
 
 class ScenarioSpec(Strict):
-    name: Name
-    description: Annotated[str, Field(strict=True)] = ""
+    """A scenario: what to serve (model geometry, cache components, workload) and what must
+    hold (expectations)."""
+
+    name: Name = Field(description="The scenario's name (a folder name); defaults to the file's.")
+    description: Annotated[str, Field(strict=True)] = Field(default="", description=(
+        "What the scenario shows, for people."))
     # What serves the workload (harness.scenario.engines): seeded K/V fed to the caches, a
     # real mlx-lm model with random weights, or a real server process under HTTP traffic.
-    engine: Engine = "synthetic"
-    server: ServerSpec | None = None
+    engine: Engine = Field(default="synthetic", description=(
+        "What serves the workload: synthetic K/V fed to the caches, a real mlx-lm model "
+        "(mlx_lm), or a server process under HTTP traffic (server)."))
+    server: ServerSpec | None = Field(default=None, description=(
+        "The server process kvmem starts (engine: server)."))
     model: Annotated[ModelSpec, BeforeValidator(
-        lambda v: {"preset": v} if isinstance(v, str) else v)]
-    cache: CacheSpec = CacheSpec()
-    workload: WorkloadSpec
-    sampling: SamplingSpec = SamplingSpec()
-    detect: DetectSpec = Field(default_factory=DetectSpec)
-    expect: ExpectSpec = Field(default_factory=ExpectSpec)
-    # Seconds a variant may run before its process is killed; `--timeout` overrides it.
-    timeout: Annotated[Number, Field(gt=0)] | None = None
+        lambda v: {"preset": v} if isinstance(v, str) else v,
+        json_schema_input_type=str | ModelSpec)] = Field(description=(
+            "A preset's name, or {preset, layers} for its first layers, or inline layer groups."))
+    cache: CacheSpec = Field(default=CacheSpec(), description=(
+        "The cache components by role, each a registry name or an import path."))
+    workload: WorkloadSpec = Field(description=(
+        "What is served: requests, a chat, or HTTP traffic (engine: server)."))
+    sampling: SamplingSpec = Field(default=SamplingSpec(), description=(
+        "What kvmem measures at each point at rest beside memory."))
+    detect: DetectSpec = Field(default_factory=DetectSpec, description=(
+        "Each detector's thresholds; its defaults where not stated."))
+    expect: ExpectSpec = Field(default_factory=ExpectSpec, description=(
+        "What must hold: each finding's presence, budgets and the gate's tolerances."))
+    timeout: Annotated[Number, Field(gt=0)] | None = Field(default=None, description=(
+        "Seconds a variant may run before its process is killed; --timeout overrides it."))
 
     @model_validator(mode="after")
     def _buffer_bound(self) -> ScenarioSpec:

@@ -129,7 +129,8 @@ class ServerSpec(Strict):
     """`server:`: the command kvmem starts (placeholders {python}, {model}, {host}, {port}),
     what it adds to it, the environment it runs in, and what the agent inside reads."""
 
-    command: Annotated[list[str], BeforeValidator(_check_command)] = Field(
+    command: Annotated[list[str], BeforeValidator(
+        _check_command, json_schema_input_type=str | list[str])] = Field(
         default_factory=lambda: _words(DEFAULT_COMMAND))
     args: list[Annotated[str, Field(strict=True)]] = Field(default_factory=list)
     env: dict[str, Annotated[str, Field(strict=True)]] = Field(default_factory=dict)
