@@ -49,7 +49,7 @@ from ..common.child import how
 from ..common.errors import BadInput, cannot_write
 from ..common.names import flaw
 from ..common.units import format_bytes
-from ..judge.detectors import DetectSpec, detect_spec
+from ..judge.detectors import DetectSpec
 from ..judge.expect import expect_spec
 from ..judge.metrics import RunFacts
 from ..judge.over_time import describe, fit, per_second
@@ -332,7 +332,7 @@ def thresholds(settings: Settings) -> DetectSpec:
     """Every detector's defaults, `drift` with the budgets stated."""
     stated = {key: value for key, value in (("budget", settings.budget), ("rate", settings.rate))
               if value is not None}
-    return detect_spec({"drift": stated})
+    return DetectSpec.model_validate({"drift": stated})
 
 
 def summarize(settings: Settings, frame: pd.DataFrame, ending: Ending, wall_s: float,
