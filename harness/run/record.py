@@ -50,7 +50,7 @@ from ..common.errors import BadInput, cannot_write
 from ..common.names import flaw
 from ..common.units import format_bytes
 from ..judge.detectors import DetectSpec
-from ..judge.expect import expect_spec
+from ..judge.expect import ExpectSpec
 from ..judge.metrics import RunFacts
 from ..judge.over_time import describe, fit, per_second
 from ..judge.summary import ModelFacts, Summary
@@ -347,7 +347,7 @@ def summarize(settings: Settings, frame: pd.DataFrame, ending: Ending, wall_s: f
         last_step=len(frame), facts=RunFacts(wall_s, 0), environment=describe_environment(),
         given={"model": ModelFacts(engine="record", processes=processes, notes=notes)},
         nulls=("holders",))
-    summary = judged(run, frame, holders, thresholds(settings), expect_spec({}))
+    summary = judged(run, frame, holders, thresholds(settings), ExpectSpec())
     return summary.at(settings.folder / "summary.json")
 
 
