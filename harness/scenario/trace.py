@@ -9,6 +9,7 @@ Read and checked whole before any run, so a bad line is bad input naming the fil
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -47,9 +48,22 @@ class Line:
 
 
 def read(path: Path) -> list[Line]:
-    """Every request of the trace at `path`, in order; TraceError on the first bad line."""
+    """Every request of the trace at `path`, in order; TraceError on the first bad line.
+
+    Parsed once per process while the file is unchanged: in kvmem's the loader's check and the
+    progress plan ask, in a variant's the size check and the replay."""
     try:
-        if path.stat().st_size > MAX_TRACE_BYTES:
+        stat = path.stat()
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read the trace: {exc.strerror or exc}") from None
+    return list(_parsed(path, stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=2)
+def _parsed(path: Path, mtime_ns: int, size: int) -> tuple[Line, ...]:
+    """The trace at `path` as it was when it had this modification time and size."""
+    try:
+        if size > MAX_TRACE_BYTES:
             raise TraceError(f"{path}: expected a trace of at most "
                              f"{MAX_TRACE_BYTES // MiB} MiB")
         text = path.read_bytes().decode("utf-8")
@@ -76,7 +90,7 @@ def read(path: Path) -> list[Line]:
         lines.append(line)
     if not lines:
         raise TraceError(f"{path}: expected at least one request (one JSON object a line)")
-    return lines
+    return tuple(lines)
 
 
 def _line(number: int, raw: str) -> Line:
