@@ -188,8 +188,8 @@ def test_backend_mismatch_is_said_and_never_a_regression(tmp_path, capsys):
 def test_mlx_version_mismatch_is_said():
     comparison = pair(summary("s", "v"), summary("s", "v", environment={"mlx": "0.33.0"}))
     assert comparison.entries[0].state == cmp.COMPARED
-    assert comparison.notes == ["mlx/mlx-lm versions differ (base 0.32.4/0.32.2, head "
-                                "0.33.0/0.32.2): deltas include MLX's own changes"]
+    assert comparison.notes == ("mlx/mlx-lm versions differ (base 0.32.4/0.32.2, head "
+                                "0.33.0/0.32.2): deltas include MLX's own changes",)
 
 
 @pytest.mark.parametrize("content, message", [

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from harness.common.units import MiB, format_bytes
-from harness.gate.rejudge import from_reports
+from harness.gate.definition import HeadFiles
+from harness.gate.rejudge import recomputed
 from harness.store.summaries import summaries_under
 from tests import test_gate_pr as scratch
 from tests import test_gate_speed as speed
@@ -49,7 +50,7 @@ def fields(summary) -> dict:
 
 def recomputed_equal(reports: Path, paths: list[str]) -> None:
     written = summaries_under(reports)
-    again = from_reports(written, paths)
+    again = recomputed(written, HeadFiles(Path.cwd(), paths).spec)
     assert again.refused == {}
     assert len(again.summaries) == len(written) > 0
     for old, new in zip(written, again.summaries, strict=True):

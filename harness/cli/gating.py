@@ -5,22 +5,22 @@ against the committed baselines, and `gate pr`, the pull-request check. They rea
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from pathlib import Path, PurePosixPath
+from dataclasses import replace
+from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 
 from ..common.errors import BadInput
 from ..gate import baseline
+from ..gate.check import PullRequest, check
 from ..gate.compare import Comparison, compare, head_failed
-from ..gate.event import Event
-from ..gate.form import unordered
 from ..gate.formats import RENDERERS
 from ..gate.policy import ACCEPT_LABEL
 from ..gate.render import render_text
-from ..judge.summary import Summary, checked, exit_status, load_summaries, read_summary
+from ..gate.tolerance import flags
+from ..judge.summary import Summary, checked, load_summaries
 from ..report import console as term
 from ..run.environment import BACKENDS
 from . import options
@@ -29,7 +29,7 @@ from . import options
 def emit(comparison: Comparison, args: argparse.Namespace) -> int:
     """Render in the requested format to --out (the text rendering still goes to stdout), with
     the link to the run's plots from --artifact-url or KVMEM_ARTIFACT_URL."""
-    comparison.artifact_url = args.artifact_url or os.environ.get("KVMEM_ARTIFACT_URL") or None
+    comparison = replace(comparison, artifact_url=options.artifact_url(args))
     if args.out:
         options.write(Path(args.out), RENDERERS[args.format](comparison))
         sys.stdout.write(render_text(comparison))
@@ -54,7 +54,7 @@ def _head_error(args: argparse.Namespace) -> str | None:
 def compare_reports(args: argparse.Namespace, console: Console) -> int:
     """Compare; a head that produced no summaries (it crashed, or its input was refused) is a
     regression whose comment says so, with its first error line."""
-    rel, abs_ = options.tolerance_flags(args)
+    rel, abs_ = flags(args.rel, args.abs)
     base, head = load_summaries(args.base), load_summaries(args.head)
     if not head:
         return emit(head_failed(base, _head_error(args)), args)
@@ -110,8 +110,8 @@ def update(args: argparse.Namespace, console: Console) -> int:
     return 2 if result.refused else 0
 
 
-def check(args: argparse.Namespace, console: Console) -> int:
-    rel, abs_ = options.tolerance_flags(args)
+def check_baselines(args: argparse.Namespace, console: Console) -> int:
+    rel, abs_ = flags(args.rel, args.abs)
     head = _suite(args, options.errors())
     # Explicit paths run part of the suite: baselines of the other scenarios are not "removed".
     # Reports given with --from (the nightly's merged shards) stand for the whole suite.
@@ -120,152 +120,21 @@ def check(args: argparse.Namespace, console: Console) -> int:
 
 
 def pull_request(args: argparse.Namespace, console: Console) -> int:
-    """The pull-request check: the head's runs (or `--from` reports) against the baselines
-    committed at --base, with the changes the head makes to them. Exit 0 pass, 1 a regression
-    or a rejected change, 2 bad input or a run that did not complete (after writing the
-    comment, which says which, crashes included). A local run judges what it wrote as CI judges
-    the measurement's reports, with the same statuses; `--event` names who's who and decides
-    the acceptance as CI does."""
-    from ..gate import event, git, identity, pr, rejudge
-
-    top = git.toplevel(Path.cwd())
-    sha = git.commit(args.base, top)
-    acceptance = event.decide(_event(args, sha, top), args.accept)
-    root = Path(args.dir).resolve()
-    if top not in (root, *root.parents):
-        raise BadInput(f"--dir {args.dir}: not inside the repository at {top}")
-    folder = PurePosixPath(root.relative_to(top).as_posix())
-    paths = args.paths or [str(options.DEFAULT_SCENARIOS)]
-    backend = args.backend or _this_backend()
-    head, crashed, rewritten = _head_runs(args, paths)
-    on = [s for s in head if s.backend == backend]
-    ordered = sorted({s.scenario for s in on if s.model and s.model.ordered})
-    notes = [f"{name}: open-loop traffic gated as an ordered replay, arrival times ignored "
-             "(workload.http.gate)" for name in ordered]
-    base = pr.parse_baselines(git.read_folder(sha, top, folder), f"{args.base}:{folder}")
-    defined = (_base_definitions(base, sha, top, notes), _head_definitions(paths, head, top, notes))
-    covered = [PurePosixPath(os.path.normpath(os.path.relpath(p))) for p in paths]
-    names = {s.scenario for s in on} | {key[0] for key in defined[1]}
-    keep = lambda found: {path: s for path, s in found.items() if s.backend == backend and (
-        s.scenario in names or pr.selected([s], covered, {backend}))}
-    old, new = keep(base), keep(pr.parse_baselines(pr.read_tree(root), args.dir))
-    rel, abs_ = options.tolerance_flags(args)
-    if crashed is not None:
-        comparison = head_failed(list(old.values()), crashed)
-    else:
-        comparison = compare(list(old.values()), on, rel, abs_)
-        identity.off_backend(comparison, head, backend)
-        unordered(comparison, defined[1])
-        commits = {path: git.last_change(top, folder / path) for path in set(old) | set(new)
-                   if path not in old or path not in new or old[path].to_json() != new[path].to_json()}
-        comparison = pr.judge(comparison, old, new, acceptance.accepted, defined, commits,
-                              (rel, abs_))
-        rejudge.refuse(comparison, rewritten)
-    comparison.notes += notes
-    comparison.acceptance = acceptance
-    comparison.artifact_url = args.artifact_url or os.environ.get("KVMEM_ARTIFACT_URL") or None
-    _write_gate(comparison, Path(args.out), console)
-    # As CI's judge: the gate's status, else that of the runs (the merge's): 2 a run did not
-    # complete, 1 one broke its expectations.
-    status = 2 if crashed is not None or any(not s.ok for s in head) else comparison.exit_code
-    return status or exit_status(head)
-
-
-def _event(args: argparse.Namespace, base: str, top: Path) -> Event | None:
-    """The pull request's event (`--event`), checked to be about this comparison: its base
-    commit is --base's and its head the commit checked out. None for a local run."""
-    from ..gate import event, git
-
-    if args.event is None:
-        return None
-    if args.accept:
-        raise BadInput("--accept: the acceptance comes from --event (the label's actor and the "
-                       "commit it was applied for); give one or the other")
-    found = event.load(Path(args.event))
-    head = git.commit("HEAD", top)
-    for name, sha, expected in (("base_sha", found.base, base), ("head_sha", found.head, head)):
-        if sha != expected:
-            raise BadInput(f"{args.event}: pull_request.{name} {sha[:12]} is not the commit "
-                           f"judged here ({expected[:12]})")
-    return found
-
-
-def _this_backend() -> str:
-    from ..run.environment import backend
-
-    return backend()
-
-
-def _head_runs(args: argparse.Namespace, paths: list[str]
-               ) -> tuple[list[Summary], str | None, dict[tuple[str, str], str]]:
-    """The head's summaries, read `--from` reports or run here, each recomputed from its rows
-    by the judge (harness.gate.rejudge), with why each summary its rows contradict fails; a head
-    that cannot even start (a scenario refused, a component that crashes on import) gives none
-    and its error, so that the comment still says what happened."""
-    from ..gate import rejudge
-
-    errors = options.errors()
-    try:
-        if args.source:
-            again = rejudge.from_reports(options.summaries([args.source]), paths)
-            return again.summaries, None, again.refused
-        variants = options.as_gated(options.variants(paths, console=errors))
-    except BadInput as exc:
-        if args.source:
-            raise
-        errors.print(f"error: {escape(str(exc))}", highlight=False)
-        return [], str(exc), {}
-    from ..run.suite import run_variants
-
-    head = run_variants(variants, Path(args.reports), errors, jobs=args.jobs)
-    errors.print(term.results(head))
-    term.failures(errors, head)
-    # Judged from the files the run wrote, read as `--from` reads them (CI judges those).
-    again = rejudge.from_reports([read_summary(s.path) if s.path.is_file() else s
-                                  for s in head], paths)
-    return again.summaries, None, again.refused
-
-
-def _base_definitions(baselines: dict, sha: str, top: Path, notes: list[str]) -> dict:
-    """What the scenario files behind the base's baselines asked, read from git at the base."""
-    from ..gate import definition, git
-
-    files = {f for s in baselines.values()
-             if (f := definition.repository_path(s.scenario_file, top)) is not None}
-    return definition.read(files, lambda f: git.read_file(sha, top, f), notes, "base")
-
-
-def _head_definitions(paths: list[str], head: list[Summary], top: Path,
-                      notes: list[str]) -> dict:
-    """What the head's scenario files ask: those under the check's paths and those its
-    summaries name, read from the working tree as data."""
-    from ..gate import definition
-    from ..scenario.load import discover
-
-    try:
-        found = [Path(p).resolve() for p in discover(paths)]
-    except BadInput:
-        found = []
-    files = {f for p in found if (f := definition.repository_path(str(p), top)) is not None}
-    files |= {f for s in head if (f := definition.repository_path(
-        str(Path(s.scenario_file).resolve()) if s.scenario_file else None, top)) is not None}
-    return definition.read(files, lambda f: _read(top / f), notes, "head")
-
-
-def _read(path: Path) -> bytes | None:
-    try:
-        return path.read_bytes()
-    except OSError:
-        return None
-
-
-def _write_gate(comparison: Comparison, out: Path, console: Console) -> None:
-    """The comment, the JSON and the JUnit under `out`; the text on stdout."""
+    """`gate pr` (harness.gate.check): the comment, the JSON and the JUnit under --out, the
+    text on stdout. Exit 0 pass, 1 a regression or a rejected change, 2 bad input or a run
+    that did not complete (after writing the comment, which says which)."""
+    request = PullRequest(args.base, tuple(args.paths or [str(options.DEFAULT_SCENARIOS)]),
+                          args.dir, args.source, args.reports, args.jobs, args.backend,
+                          args.event, args.accept, tuple(args.rel), tuple(args.abs),
+                          options.artifact_url(args))
+    comparison = check(request, options.errors())
+    out = Path(args.out)
     for name, fmt in (("memory-delta.md", "markdown"), ("memory-delta.json", "json"),
                       ("memory-delta.xml", "junit")):
         options.write(out / name, RENDERERS[fmt](comparison))
     sys.stdout.write(render_text(comparison))
     console.print(f"comment, JSON and JUnit written under {out}/", highlight=False)
+    return comparison.pr_status
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -291,7 +160,7 @@ def _add_baseline(sub: argparse._SubParsersAction) -> None:
     updating = actions.add_parser("update", help="run the suite and record its summaries")
     checking = actions.add_parser("check", help="run the suite and compare with the baselines; "
                                                 "exit 1 on regression")
-    for action, handler in ((updating, update), (checking, check)):
+    for action, handler in ((updating, update), (checking, check_baselines)):
         action.add_argument("paths", nargs="*",
                             help="scenario files or folders (default: scenarios)")
         action.add_argument("--dir", default="baselines", help="baselines folder")

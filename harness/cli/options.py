@@ -10,25 +10,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 
 from rich.console import Console
 
-from ..common.echo import MAX_ECHO, clip, echo
+from ..common.echo import echo
 from ..common.errors import BadInput, cannot_write, no_summaries
 from ..common.files import atomic_text
 from ..common.units import parse_duration
-from ..components.registry import import_paths
+from ..gate.form import as_gated as as_gated  # the commands' own, as the gate measures
 from ..gate.formats import RENDERERS
 from ..gate.nightly import parse_date
-from ..gate.tolerance import fraction, size
-from ..judge.metrics import gated
 from ..judge.summary import Summary, load_summaries
-from ..report import console as term
 from ..run.defaults import usable_cores
-from ..scenario import ScenarioError, Variant, check_unique, discover, load_variants, packaged
+from ..run.selection import variants as variants  # the commands' own, as the gate reads them
+from ..scenario import Variant
 
 DEFAULT_SCENARIOS = Path("scenarios")
 MAX_JOBS = 1024
@@ -40,29 +39,6 @@ MAX_REASON = 500
 def errors() -> Console:
     """Where a command writes what goes wrong: standard error, lines unbroken."""
     return Console(stderr=True, soft_wrap=True)
-
-
-def variants(paths: Sequence[str | Path], only: list[str] | None = None,
-             console: Console | None = None) -> list[Variant]:
-    """Every variant of the scenario files under `paths` (or those named), validated first;
-    two that would write one report folder are bad input.
-
-    With a console (the commands that run them), warns once about each version bound on mlx
-    or mlx-lm that a component's package declares and the installed version violates.
-    """
-    paths, note = packaged.fallback(paths)
-    if note and console is not None:
-        console.print(note, highlight=False, soft_wrap=True)
-    found = [v for path in discover(paths) for v in load_variants(path, only)]
-    if not found:
-        raise ScenarioError(f"{', '.join(map(str, paths))}: no scenario files (*.yaml) found")
-    check_unique(found)
-    if console is not None:
-        from ..components.requirements import bound_warnings  # packaging: once files are read
-
-        term.warn(console, bound_warnings((", ".join(_user_components(v)), v.packages)
-                                          for v in found if v.packages))
-    return found
 
 
 def soaked(variants: list[Variant], duration: float | None, fail_fast: bool) -> list[Variant]:
@@ -90,32 +66,11 @@ def soaked(variants: list[Variant], duration: float | None, fail_fast: bool) -> 
     return changed
 
 
-def as_gated(variants: list[Variant]) -> list[Variant]:
-    """The variants as the gate measures them: open-loop traffic replayed in order, arrival
-    times ignored, where the scenario's `workload.http.gate` says so (HttpSpec.gated)."""
-    changed = []
-    for variant in variants:
-        http = variant.spec.workload.http
-        if http is not None and http.gated() is not http:
-            workload = variant.spec.workload.model_copy(update={"http": http.gated()})
-            variant = dataclasses.replace(
-                variant, spec=variant.spec.model_copy(update={"workload": workload}))
-        changed.append(variant)
-    return changed
-
-
 def duration(text: str) -> float:
     try:
         return parse_duration(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{exc}, got {echo(text)}") from None
-
-
-def _user_components(variant: Variant) -> list[str]:
-    cache = variant.spec.cache
-    return import_paths(c for c in (cache.layer, cache.sliding, cache.recurrent, cache.store,
-                                    cache.session)
-                        if c is not None)
 
 
 def summaries(paths: Sequence[str | Path]) -> list[Summary]:
@@ -134,21 +89,6 @@ def write(path: Path, text: str) -> None:
         raise cannot_write(path, exc) from None
 
 
-def tolerance_flags(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, float]]:
-    """`--rel METRIC=X` and `--abs METRIC=SIZE`, each checked as the scenario's would be."""
-    def values(pairs: list[str], flag: str, convert: Callable[[str], float]) -> dict[str, float]:
-        parsed = {}
-        for pair in pairs:
-            name, sep, value = pair.partition("=")
-            if not sep or name not in gated():
-                raise BadInput(f"{flag} {clip(pair, MAX_ECHO)}: expected METRIC=VALUE with "
-                               f"METRIC among {', '.join(gated())}")
-            parsed[name] = convert(value)
-        return parsed
-
-    return values(args.rel, "--rel", fraction), values(args.abs, "--abs", size)
-
-
 def tolerance_options(parser: argparse.ArgumentParser) -> None:
     """`--rel` and `--abs`: override a metric's tolerance."""
     parser.add_argument("--rel", action="append", default=[], metavar="METRIC=X",
@@ -161,6 +101,11 @@ def artifact_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--artifact-url", metavar="URL",
                         help="where the run's plots are: linked from the comment (default: "
                              "$KVMEM_ARTIFACT_URL)")
+
+
+def artifact_url(args: argparse.Namespace) -> str | None:
+    """Where the run's plots are: --artifact-url, else $KVMEM_ARTIFACT_URL."""
+    return args.artifact_url or os.environ.get("KVMEM_ARTIFACT_URL") or None
 
 
 def output_options(parser: argparse.ArgumentParser) -> None:

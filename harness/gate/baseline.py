@@ -58,7 +58,7 @@ def baseline_path(root: Path, summary: Summary) -> Path:
 
 
 @dataclass
-class Change:
+class BaselineWrite:
     """One baseline `update` writes: `added` (none was there) or `updated`, and why."""
 
     summary: Summary
@@ -71,7 +71,7 @@ class Change:
 class Update:
     """What `update` did: the baselines written, those kept byte for byte, the runs refused."""
 
-    written: list[Change] = field(default_factory=list)
+    written: list[BaselineWrite] = field(default_factory=list)
     kept: list[Summary] = field(default_factory=list)
     refused: list[tuple[Summary, str]] = field(default_factory=list)
 
@@ -157,9 +157,9 @@ def store(summaries: list[Summary], root: Path, reason: str, by: str) -> Update:
         path = baseline_path(root, checked(summary))
         tolerances(summary)  # a malformed `compare` block is bad input, never recorded
         if not path.exists():
-            planned.append(Change(summary, path, "added"))
+            planned.append(BaselineWrite(summary, path, "added"))
         elif reasons := _reasons(path, summary):
-            planned.append(Change(summary, path, "updated", reasons))
+            planned.append(BaselineWrite(summary, path, "updated", reasons))
         else:
             result.kept.append(summary)
     at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

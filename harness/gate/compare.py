@@ -7,7 +7,7 @@ Whose tolerances. A pull request must not loosen the gate that judges it: the to
 the BASE's (the `compare` block its summaries carry, i.e. the scenario's `expect.compare` as
 recorded on the base commit or in the baseline), then the command line's flags. When the head's
 `compare` block or its expectations differ from the base's, the entry lists what differs
-(`Entry.policy`, harness.gate.policy) and every rendering says so in its first lines.
+(`VariantComparison.policy`, harness.gate.policy) and every rendering says so in its first lines.
 
 A metric that was near zero in the base (below the floor it was judged with) and grew has no
 meaningful percentage (16 KiB -> 39.9 MiB is +255,000%): the renderings say "new" and show
@@ -17,12 +17,12 @@ the bytes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..judge.metrics import METRICS, gated
 from ..judge.summary import Noise, Summary
 from .event import Acceptance
-from .policy import Change, PolicyChange, policy_changes
+from .policy import PolicyChange, YardstickChange, policy_changes
 from .tolerance import CompareError, Tolerance, tolerances
 
 Key = tuple[str, str, str]  # scenario, variant, backend
@@ -59,24 +59,25 @@ class MetricDelta:
         return self.verdict == "regression" and abs(self.base) < self.tolerance.abs
 
 
-# Entry states: both sides ran and were compared, or why they were not.
+# A variant's states: both sides ran and were compared, or why they were not.
 COMPARED, NEW, REMOVED, FAILED, INCOMPARABLE = "compared", "new", "removed", "failed", "incomparable"
 
 
-@dataclass
-class Entry:
-    """One scenario variant: its deltas, or the reason it could not be compared."""
+@dataclass(frozen=True)
+class VariantComparison:
+    """One scenario variant: its deltas, or the reason it could not be compared. Immutable: a
+    step of the gate that judges it otherwise makes a new one (`dataclasses.replace`)."""
 
     scenario: str
     variant: str
     state: str
     base: Summary | None = None
     head: Summary | None = None
-    deltas: list[MetricDelta] = field(default_factory=list)
+    deltas: tuple[MetricDelta, ...] = ()
     note: str = ""
     # What the head changes in the gate's own inputs (its tolerances, expectations and
     # detector thresholds), which the base's figures were not judged with.
-    policy: list[PolicyChange] = field(default_factory=list)
+    policy: tuple[PolicyChange, ...] = ()
     # `gate pr`: a metric regression the pull request re-recorded the baseline for and carries
     # the acceptance of (never a run that failed on its own).
     accepted: bool = False
@@ -85,7 +86,7 @@ class Entry:
     refusal: str | None = None
     # `gate pr`: what the head records beside its scenario that its baseline did not (an older
     # baseline): `model_folder`, `runner`, `preloaded`, compared with nothing (gate.yardstick).
-    not_recorded: list[str] = field(default_factory=list)
+    not_recorded: tuple[str, ...] = ()
 
     @property
     def key(self) -> tuple[str, str]:
@@ -126,41 +127,47 @@ class Entry:
         return "unchanged"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Comparison:
-    entries: list[Entry]
-    notes: list[str]
+    """Every variant of a base and a head compared, and what the renderings say beside them.
+    Immutable: each step of the gate returns a new one."""
+
+    entries: tuple[VariantComparison, ...]
+    notes: tuple[str, ...]
     # Set when the head produced no summaries at all (it crashed, or its input was refused):
     # the first error line known, or "" when none was given. Always a regression.
     head_failure: str | None = None
     artifact_url: str | None = None  # where the run's plots are, for the renderings to link
     # `gate pr` only: what the pull request changes in its yardstick, and whether it carries
     # the maintainers' acceptance.
-    changes: list[Change] = field(default_factory=list)
+    changes: tuple[YardstickChange, ...] = ()
     accepted: bool = False
     # `gate pr`: who's who and whose acceptance, from the pull request's event (or none: a
     # local run), for the renderings to name.
     acceptance: Acceptance | None = None
+    # `gate pr`: the head's runs' own exit status, as `kvmem run` gives it (2 a run did not
+    # complete or the head could not start, 1 one broke its expectations).
+    runs_status: int = 0
 
     @property
-    def policy_changes(self) -> list[Entry]:
+    def policy_changes(self) -> list[VariantComparison]:
         return [e for e in self.entries if e.policy]
 
-    def having(self, state: str) -> list[Entry]:
+    def having(self, state: str) -> list[VariantComparison]:
         return [e for e in self.entries if e.state == state]
 
     @property
-    def regressions(self) -> list[Entry]:
+    def regressions(self) -> list[VariantComparison]:
         """Regressed variants, less those whose change the pull request accepts."""
         return [e for e in self.entries if e.verdict == "regression" and not e.accepted]
 
     @property
-    def rejected(self) -> list[Change]:
+    def rejected(self) -> list[YardstickChange]:
         """Changes to the yardstick that fail the check: refused, or loosening unaccepted."""
         return [c for c in self.changes if c.status(self.accepted) in ("refused", "needs acceptance")]
 
     @property
-    def improvements(self) -> list[Entry]:
+    def improvements(self) -> list[VariantComparison]:
         return [e for e in self.entries if e.verdict == "improvement"]
 
     @property
@@ -179,6 +186,12 @@ class Comparison:
     def exit_code(self) -> int:
         return 1 if self.verdict in ("regression", "rejected") else 0
 
+    @property
+    def pr_status(self) -> int:
+        """`gate pr`'s exit status, as CI's judge gives it: 2 where a run did not complete,
+        else the gate's verdict, else whether the runs met their expectations."""
+        return 2 if self.runs_status == 2 else self.exit_code or self.runs_status
+
 
 def _failure(summary: Summary) -> str:
     """`failed: <first line of the error>`; the error may carry a traceback."""
@@ -190,30 +203,28 @@ def _versions(summary: Summary) -> tuple[str, str]:
     return summary.environment.mlx, summary.environment.mlx_lm
 
 
-def _pair(base: Summary, head: Summary, rel: dict, abs_: dict) -> Entry:
-    entry = Entry(*head.key, COMPARED, base, head)
+def _pair(base: Summary, head: Summary, rel: dict, abs_: dict) -> VariantComparison:
     if base.backend != head.backend:
-        entry.state = INCOMPARABLE
-        entry.note = f"backend {base.backend} vs {head.backend}: not compared"
-        return entry
+        return VariantComparison(*head.key, INCOMPARABLE, base, head,
+                                 note=f"backend {base.backend} vs {head.backend}: not compared")
     if not head.ok or not base.ok:
-        entry.state = FAILED
-        entry.note = "; ".join(f"{side} {_failure(s)}" for side, s in (("base", base), ("head", head))
-                               if not s.ok)
-        return entry
+        note = "; ".join(f"{side} {_failure(s)}" for side, s in (("base", base), ("head", head))
+                         if not s.ok)
+        return VariantComparison(*head.key, FAILED, base, head, note=note)
     limits = tolerances(base, rel=rel, abs_=abs_)
-    entry.policy = policy_changes(base, head)
+    policy = tuple(policy_changes(base, head))
     scenario_size = base.metric("peak")
+    deltas = []
     for name in gated():
         b, h = base.metric(name), head.metric(name)
         if b is not None and h is not None:
             # Only the base's measured noise widens a tolerance: a spread the head reports is
             # the head's word, and a wider one would loosen its own judge.
             limit = limits[name].scaled(scenario_size).widened(base.noise(name))
-            entry.deltas.append(MetricDelta(name, b, h, limit, base.noise(name), head.noise(name)))
-    if _versions(base) != _versions(head):
-        entry.note = "mlx/mlx-lm {} vs {}".format(*("/".join(_versions(s)) for s in (base, head)))
-    return entry
+            deltas.append(MetricDelta(name, b, h, limit, base.noise(name), head.noise(name)))
+    note = ("mlx/mlx-lm {} vs {}".format(*("/".join(_versions(s)) for s in (base, head)))
+            if _versions(base) != _versions(head) else "")
+    return VariantComparison(*head.key, COMPARED, base, head, tuple(deltas), note, policy)
 
 
 def index_summaries(summaries: Sequence[Summary], where: str = "") -> dict[Key, Summary]:
@@ -238,7 +249,7 @@ def compare(base: list[Summary], head: list[Summary], rel: dict[str, float] | No
     """
     rel, abs_ = rel or {}, abs_ or {}
     base_index, head_index = index_summaries(base), index_summaries(head)
-    entries: dict[tuple[str, str], Entry] = {}
+    entries: dict[tuple[str, str], VariantComparison] = {}
     for key, h in head_index.items():
         if key in base_index:
             entries[key[:2]] = _pair(base_index.pop(key), h, rel, abs_)
@@ -252,25 +263,26 @@ def compare(base: list[Summary], head: list[Summary], rel: dict[str, float] | No
         else:
             state = NEW if h.ok else FAILED
             note = "" if h.ok else f"head {_failure(h)}"
-            entries[key[:2]] = Entry(*h.key, state, None, h, note=note)
+            entries[key[:2]] = VariantComparison(*h.key, state, None, h, note=note)
     for key, b in base_index.items():
         if key[:2] in entries:
             skipped += 1
         else:
-            entries[key[:2]] = Entry(*b.key, REMOVED, b, None)
+            entries[key[:2]] = VariantComparison(*b.key, REMOVED, b, None)
     notes = _environment_notes(base, head)
     if skipped:
         notes.append(f"{skipped} base summaries on other backends left out")
-    return Comparison(sorted(entries.values(), key=lambda e: (e.scenario, e.variant)), notes)
+    return Comparison(tuple(sorted(entries.values(), key=lambda e: (e.scenario, e.variant))),
+                      tuple(notes))
 
 
 def head_failed(base: list[Summary], error: str | None = None) -> Comparison:
     """The comparison when the head produced no summaries (it crashed, or its input was
     refused): a regression, with each variant the base ran listed as failed in the head."""
-    entries = [Entry(*b.key, FAILED, b, None, note="the head produced no summary")
+    entries = [VariantComparison(*b.key, FAILED, b, None, note="the head produced no summary")
                for b in index_summaries(base).values()]
     first = next((line.strip() for line in (error or "").splitlines() if line.strip()), "")
-    return Comparison(sorted(entries, key=lambda e: (e.scenario, e.variant)), [],
+    return Comparison(tuple(sorted(entries, key=lambda e: (e.scenario, e.variant))), (),
                       head_failure=first)
 
 

@@ -9,12 +9,29 @@ and its figures are refused, not compared.
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from .compare import FAILED, Comparison
+from ..scenario import Variant
+from .compare import FAILED, Comparison, VariantComparison
 
 if TYPE_CHECKING:
     from .definition import Definitions
+
+
+def as_gated(variants: list[Variant]) -> list[Variant]:
+    """The variants as the gate measures them: open-loop traffic replayed in order, arrival
+    times ignored, where the scenario's `workload.http.gate` says so (HttpSpec.gated)."""
+    changed = []
+    for variant in variants:
+        http = variant.spec.workload.http
+        if http is not None and http.gated() is not http:
+            workload = variant.spec.workload.model_copy(update={"http": http.gated()})
+            variant = dataclasses.replace(
+                variant, spec=variant.spec.model_copy(update={"workload": workload}))
+        changed.append(variant)
+    return changed
 
 
 def _gated_in_order(spec: dict) -> bool:
@@ -24,17 +41,21 @@ def _gated_in_order(spec: dict) -> bool:
     return scheduled and http.get("arrivals") != "ordered" and http.get("gate") == "ordered"
 
 
-def unordered(comparison: Comparison, defined: Definitions) -> None:
-    """Fail each variant the head's files ask to be gated as an ordered replay whose summary
-    says its traffic kept the schedule."""
-    for entry in comparison.entries:
-        spec = defined.get(entry.key)
-        if entry.head is None or spec is None or not _gated_in_order(spec):
-            continue
-        if entry.head.model is not None and entry.head.model.ordered:
-            continue
-        entry.state = FAILED
-        entry.refusal = ("the head's run kept the open-loop schedule; the gate measures this "
-                         "variant as an ordered replay (workload.http.gate: ordered), so its "
-                         "figures follow the runner's speed and are not compared: run it with "
-                         "`kvmem run --gated`")
+def _kept_schedule(entry: VariantComparison, defined: Definitions) -> bool:
+    """The head's files ask the variant to be gated as an ordered replay, and its summary says
+    its traffic kept the schedule."""
+    spec = defined.get(entry.key)
+    if entry.head is None or spec is None or not _gated_in_order(spec):
+        return False
+    return entry.head.model is None or not entry.head.model.ordered
+
+
+def unordered(comparison: Comparison, defined: Definitions) -> Comparison:
+    """Fail each variant whose summary says its traffic kept the schedule the gate replays in
+    order."""
+    failed = lambda e: replace(e, state=FAILED, refusal=(
+        "the head's run kept the open-loop schedule; the gate measures this variant as an "
+        "ordered replay (workload.http.gate: ordered), so its figures follow the runner's "
+        "speed and are not compared: run it with `kvmem run --gated`"))
+    return replace(comparison, entries=tuple(failed(e) if _kept_schedule(e, defined) else e
+                                             for e in comparison.entries))

@@ -15,12 +15,12 @@ import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 
 from ..judge.summary import Noise
-from .compare import COMPARED, FAILED, Comparison, Entry, MetricDelta
+from .compare import COMPARED, FAILED, Comparison, MetricDelta, VariantComparison
 from .escape import plain
 from .event import Acceptance
 from .identity import RENAMED
 from .listing import why_not
-from .policy import Change
+from .policy import YardstickChange
 from .render import (
     failed_expectations,
     findings,
@@ -53,7 +53,7 @@ def _metric_json(d: MetricDelta) -> dict:
             "noise": {"base": _noise_json(d.base_noise), "head": _noise_json(d.head_noise)}}
 
 
-def _entry_json(entry: Entry) -> dict:
+def _entry_json(entry: VariantComparison) -> dict:
     return {
         "scenario": entry.scenario, "variant": entry.variant, "state": entry.state,
         "verdict": entry.verdict, "accepted": entry.accepted, "failure": entry.failure,
@@ -66,7 +66,7 @@ def _entry_json(entry: Entry) -> dict:
     }
 
 
-def _change_json(change: Change, accepted: bool) -> dict:
+def _change_json(change: YardstickChange, accepted: bool) -> dict:
     recorded = change.recorded
     status = "renamed" if change.what == RENAMED else change.status(accepted)
     return {"variant": change.label, "what": change.what, "old": change.old, "new": change.new,
@@ -100,7 +100,7 @@ def render_json(comparison: Comparison) -> str:
                        "entries": [_entry_json(e) for e in comparison.entries]}, indent=1) + "\n"
 
 
-def _seconds(entry: Entry) -> float:
+def _seconds(entry: VariantComparison) -> float:
     """How long the head's run of a variant took (0 when it has none)."""
     wall = entry.head.metrics.get("wall_s") if entry.head else None
     return wall if isinstance(wall, (int, float)) and wall >= 0 else 0.0

@@ -15,47 +15,53 @@ compared with:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..common.echo import spelled
 from ..judge.summary import Summary
-from .compare import FAILED, NEW, REMOVED, Comparison, Entry, compare
+from .compare import FAILED, NEW, REMOVED, Comparison, VariantComparison, compare
 from .definition import Definitions
-from .policy import Change
+from .policy import YardstickChange
 
-RENAMED = "variant name"  # a Change's `what` where a variant is renamed (old → new label)
+RENAMED = "variant name"  # a change's `what` where a variant is renamed (old → new label)
 
 
-def off_backend(comparison: Comparison, head: list[Summary], backend: str) -> None:
+def off_backend(comparison: Comparison, head: list[Summary], backend: str) -> Comparison:
     """Fail each head summary that names another backend than the check's: on the base's entry
     for that variant where there is one (it stays without a head summary), else on its own."""
-    entries = {e.key: e for e in comparison.entries}
+    entries = list(comparison.entries)
+    index = {e.key: at for at, e in enumerate(entries)}
     for summary in head:
         if summary.backend == backend:
             continue
-        entry = entries.get(summary.key)
-        if entry is None:
-            entry = Entry(*summary.key, FAILED, None, summary)
-            comparison.entries.append(entry)
-        entry.state = FAILED
-        entry.refusal = (f"the head's run reports backend {spelled(summary.backend)}; this check "
-                         f"judges backend {backend} (gate pr --backend), so it is compared with "
-                         "nothing and fails")
+        at = index.get(summary.key)
+        if at is None:
+            entries.append(VariantComparison(*summary.key, FAILED, None, summary))
+            at = len(entries) - 1
+        entries[at] = replace(
+            entries[at], state=FAILED,
+            refusal=(f"the head's run reports backend {spelled(summary.backend)}; this check "
+                     f"judges backend {backend} (gate pr --backend), so it is compared with "
+                     "nothing and fails"))
+    return replace(comparison, entries=tuple(entries))
 
 
-def still_defined(comparison: Comparison, head: Definitions) -> None:
+def still_defined(comparison: Comparison, head: Definitions) -> Comparison:
     """A base variant without a head summary that the head's files still define has failed."""
-    for entry in comparison.having(REMOVED):
-        if entry.key in head:
-            entry.state = FAILED
-            entry.refusal = ("the head still defines this variant, but its run left no "
-                             "summary to judge")
+    failed = lambda e: replace(e, state=FAILED, refusal=(
+        "the head still defines this variant, but its run left no summary to judge"))
+    return replace(comparison, entries=tuple(
+        failed(e) if e.state == REMOVED and e.key in head else e for e in comparison.entries))
 
 
 def renames(comparison: Comparison, defined: tuple[Definitions, Definitions],
-            rel: dict[str, float], abs_: dict[str, float]) -> list[Change]:
+            rel: dict[str, float], abs_: dict[str, float]
+            ) -> tuple[Comparison, list[YardstickChange]]:
     """Pair each new variant with the removed one defined exactly as it is: the new one is
     compared with the old one's baseline, and the rename is a listed change (it loosens
     nothing: the old baseline still judges it)."""
     removed = {e.key: e for e in comparison.having(REMOVED) if e.key in defined[0]}
+    entries = list(comparison.entries)
     changes = []
     for entry in comparison.having(NEW):
         if entry.head is None or entry.key not in defined[1]:
@@ -67,10 +73,8 @@ def renames(comparison: Comparison, defined: tuple[Definitions, Definitions],
         del removed[old.key]
         paired = compare([old.base.replace(scenario=entry.scenario, variant=entry.variant)],
                          [entry.head], rel, abs_).entries[0]
-        paired.base = old.base
-        paired.note = f"renamed from {spelled(old.label)}"
-        comparison.entries[comparison.entries.index(entry)] = paired
-        comparison.entries.remove(old)
-        changes.append(Change(entry.label, RENAMED, spelled(old.label),
-                              spelled(entry.label), False))
-    return changes
+        paired = replace(paired, base=old.base, note=f"renamed from {spelled(old.label)}")
+        entries = [paired if e is entry else e for e in entries if e is not old]
+        changes.append(YardstickChange(entry.label, RENAMED, spelled(old.label),
+                                       spelled(entry.label), False))
+    return replace(comparison, entries=tuple(entries)), changes

@@ -8,10 +8,10 @@ from __future__ import annotations
 from .compare import Comparison
 from .escape import as_name, esc, md, named, plain, verbatim
 from .identity import RENAMED
-from .policy import ACCEPT_LABEL, Change
+from .policy import ACCEPT_LABEL, YardstickChange
 
 
-def why_not(change: Change, accepted: bool) -> str:
+def why_not(change: YardstickChange, accepted: bool) -> str:
     """Why a change fails the check, or "" when it passes."""
     status = change.status(accepted)
     if status == "refused":
@@ -21,14 +21,14 @@ def why_not(change: Change, accepted: bool) -> str:
     return ""
 
 
-def _status(change: Change, comparison: Comparison) -> str:
+def _status(change: YardstickChange, comparison: Comparison) -> str:
     """`accepted by @bob` where the event names who accepted, else the change's status."""
     status = change.status(comparison.accepted)
     actor = comparison.acceptance.actor if comparison.acceptance else ""
     return f"accepted by @{actor}" if status == "accepted" and actor else status
 
 
-def _changed_in(change: Change, comparison: Comparison, markdown: str = "") -> str:
+def _changed_in(change: YardstickChange, comparison: Comparison, markdown: str = "") -> str:
     """Where the change was made: the pull request and its author as the event gives them, and
     the head's commit that last changed the baseline file (a fact git gives; never its author,
     which the pull request writes)."""
@@ -39,15 +39,15 @@ def _changed_in(change: Change, comparison: Comparison, markdown: str = "") -> s
     return f"#{event.number} by @{event.author}" + (f", {sha}" if sha else "")
 
 
-def _reason(change: Change, markdown: str = "") -> str:
+def _reason(change: YardstickChange, markdown: str = "") -> str:
     return esc(change.recorded.reason, markdown) if change.recorded else ""
 
 
-def _renamed(comparison: Comparison) -> list[Change]:
+def _renamed(comparison: Comparison) -> list[YardstickChange]:
     return [c for c in comparison.changes if c.what == RENAMED]
 
 
-def _judged(comparison: Comparison) -> list[tuple[Change, str]]:
+def _judged(comparison: Comparison) -> list[tuple[YardstickChange, str]]:
     """The changes other than renames, each with why it fails the check ("" when it passes)."""
     return [(c, why_not(c, comparison.accepted)) for c in comparison.changes
             if c.what != RENAMED]

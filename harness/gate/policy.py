@@ -18,7 +18,7 @@ ACCEPT_LABEL = "memory-accepted"
 
 
 @dataclass(frozen=True)
-class Change:
+class YardstickChange:
     """One change a pull request makes to what it is judged against (`gate pr`): a committed
     baseline (`baseline peak`), a tolerance, an expectation, a detector threshold, or the set
     of variants. `refused`: why it cannot be accepted at all (a baseline of a failing run)."""
@@ -91,7 +91,8 @@ def _expected(summary: Summary) -> dict[str, object]:
 
 def _thresholds(summary: Summary) -> dict[str, object]:
     """`detect.<detector>.<threshold>`: each value the run's detectors applied."""
-    return {f"detect.{name}.{key}": value for name, block in (summary.detect or {}).items()
+    given = summary.detect.given() if summary.detect is not None else {}
+    return {f"detect.{name}.{key}": value for name, block in given.items()
             for key, value in block.items()}
 
 

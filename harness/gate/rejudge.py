@@ -19,8 +19,8 @@ judged: the variant fails as a run that did not complete.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..common.echo import clip
@@ -31,7 +31,6 @@ from ..judge.summary import Series, Summary
 from ..judge.verdict import judge
 from ..report.folder import read_rows
 from ..scenario import ScenarioSpec
-from ..scenario.load import ScenarioError, definitions, discover
 from .compare import FAILED, Comparison
 from .policy import ACCEPT_LABEL
 
@@ -144,55 +143,16 @@ def recomputed(summaries: Iterable[Summary],
     return result
 
 
-def from_reports(summaries: list[Summary], paths: list[str]) -> Rejudged:
-    """The head's summaries recomputed, each under the spec of its variant in the scenario files
-    under the check's `paths`, else in the file it names (a file elsewhere cannot stand in
-    for one the check covers)."""
-    try:
-        covered = specs(discover(paths))
-    except BadInput:
-        covered = {}
-
-    def spec_of(summary: Summary) -> ScenarioSpec:
-        found = covered.get(summary.key)
-        if found is None and summary.scenario_file:
-            found = specs([Path(summary.scenario_file)], strict=True).get(summary.key)
-        if found is None:
-            raise BadInput(f"no scenario file defines {summary.label} (its summary names "
-                           f"{summary.scenario_file or 'none'})")
-        return found
-
-    return recomputed(summaries, spec_of)
-
-
-def specs(files: Iterable[Path], strict: bool = False) -> dict[Key, ScenarioSpec]:
-    """Each variant the scenario `files` define, read as data (nothing is imported or run); a
-    file that cannot be read or parsed defines none, or is bad input where `strict`."""
-    found: dict[Key, ScenarioSpec] = {}
-    for file in sorted(files):
-        try:
-            parsed = definitions(file, file.read_bytes())
-        except OSError as exc:
-            if strict:
-                raise BadInput(f"{file}: cannot read: {exc.strerror or exc}") from None
-            continue
-        except ScenarioError:
-            if strict:
-                raise
-            continue
-        for name, spec in parsed.items():
-            found.setdefault((spec.name, name), spec)
-    return found
-
-
-def refuse(comparison: Comparison, refused: dict[Key, str]) -> None:
+def refuse(comparison: Comparison, refused: Mapping[Key, str]) -> Comparison:
     """Fail each variant whose summary.json its rows contradict, saying where, unless the
     maintainers accept it (the head's own kvmem judges otherwise): either way its figures were
     judged from the rows, so the acceptance hides no regression."""
+    entries, notes = [], list(comparison.notes)
     for entry in comparison.entries:
-        if entry.head is None or (why := refused.get(entry.head.key)) is None:
-            continue
-        if comparison.accepted:
-            comparison.notes.append(f"{entry.head.label}: {why}: accepted")
-        else:
-            entry.state, entry.refusal, entry.accepted = FAILED, why, False
+        why = None if entry.head is None else refused.get(entry.head.key)
+        if why is not None and entry.head is not None and comparison.accepted:
+            notes.append(f"{entry.head.label}: {why}: accepted")
+        elif why is not None:
+            entry = replace(entry, state=FAILED, refusal=why, accepted=False)
+        entries.append(entry)
+    return replace(comparison, entries=tuple(entries), notes=tuple(notes))

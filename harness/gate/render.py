@@ -13,6 +13,7 @@ COMMENT_LIMIT characters, well under GitHub's 65,536.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from ..common.units import KiB, format_bytes
 from ..judge.metrics import BYTES, METRICS, gated
@@ -24,8 +25,8 @@ from .compare import (
     NEW,
     REMOVED,
     Comparison,
-    Entry,
     MetricDelta,
+    VariantComparison,
 )
 from .escape import as_name, esc, md, named, plain, verbatim
 from .listing import acceptance_lines, change_lines, change_sections
@@ -132,23 +133,23 @@ def headline(comparison: Comparison) -> str:
     return text + (f"; {', '.join(others)}" if others else "")
 
 
-def _accepted(entry: Entry, delta: MetricDelta) -> bool:
+def _accepted(entry: VariantComparison, delta: MetricDelta) -> bool:
     """A regression the pull request accepts (it re-records the baseline)."""
     return entry.accepted and delta.verdict == "regression"
 
 
-def _count(entries: list[Entry]) -> str:
+def _count(entries: Sequence[VariantComparison]) -> str:
     return f"{len(entries)} variant{'s' if len(entries) != 1 else ''}"
 
 
-def _changed_rows(comparison: Comparison) -> list[tuple[Entry, MetricDelta]]:
+def _changed_rows(comparison: Comparison) -> list[tuple[VariantComparison, MetricDelta]]:
     order = {"regression": 0, "improvement": 1}
     rows = [(e, d) for e in comparison.entries for d in e.changed]
     names = gated()
     return sorted(rows, key=lambda r: (order[r[1].verdict], r[0].label, names.index(r[1].metric)))
 
 
-def _stated_entry(entry: Entry, code: str) -> str:
+def _stated_entry(entry: VariantComparison, code: str) -> str:
     """A variant's label, and why it is in its state where that is known."""
     why = entry.refusal or entry.note
     return named(entry.label, code) + (f" ({esc(why, code)})" if why else "")
@@ -189,7 +190,7 @@ def _policy_lines(comparison: Comparison, code: str = "`", most: int = 20) -> li
             "the base's apply"]
 
 
-def findings(entry: Entry) -> list[dict]:
+def findings(entry: VariantComparison) -> list[dict]:
     """The head's findings, new ones (a kind the base did not report) first:
     `{kind, message, new, held_by}` (`held_by`: who holds its bytes, or "")."""
     if entry.head is None:
@@ -210,7 +211,7 @@ def _as_code(name: str, text: str, markdown: str) -> str:
     return f"{md(head)}{verbatim(name)}{md(tail)}"
 
 
-def _grown(entry: Entry) -> Holder | None:
+def _grown(entry: VariantComparison) -> Holder | None:
     """The holder that gained the most since the base run, where both runs walked them."""
     if entry.head is None or entry.base is None:
         return None
@@ -219,7 +220,7 @@ def _grown(entry: Entry) -> Holder | None:
     return entry.head.holders.grown_since(entry.base.holders)
 
 
-def failed_expectations(entry: Entry) -> list[dict]:
+def failed_expectations(entry: VariantComparison) -> list[dict]:
     """The head's expectations that fail: `{name, expected, actual, held_in_base}`."""
     if entry.head is None:
         return []
@@ -229,7 +230,7 @@ def failed_expectations(entry: Entry) -> list[dict]:
             for e in entry.head.failed_expectations]
 
 
-def reasons(entry: Entry, code: str = "`") -> list[str]:
+def reasons(entry: VariantComparison, code: str = "`") -> list[str]:
     """Why a variant regressed, in its head run's own words."""
     lines = [esc(entry.note, code)] if entry.note and entry.failure is None else []
     lines += [f"finding {as_name(f['kind'], code)}{' (new)' if f['new'] else ''}: "
@@ -253,7 +254,7 @@ def _accepted_lines(comparison: Comparison, code: str = "`") -> list[str]:
             if e.accepted]
 
 
-def _explained(comparison: Comparison) -> list[Entry]:
+def _explained(comparison: Comparison) -> list[VariantComparison]:
     """The regressed variants whose head ran, and has something to say (findings, failed
     expectations, or plots to link)."""
     return [e for e in comparison.regressions if e.head is not None and e.head.ok
@@ -262,7 +263,7 @@ def _explained(comparison: Comparison) -> list[Entry]:
 
 def render_text(comparison: Comparison) -> str:
     lines = [plain(headline(comparison)), *_policy_lines(comparison, code="")]
-    lines += [f"note: {plain(n)}" for n in acceptance_lines(comparison, "") + comparison.notes]
+    lines += [f"note: {plain(n)}" for n in [*acceptance_lines(comparison, ""), *comparison.notes]]
     for entry, d in _changed_rows(comparison):
         base, head = format_pair(d)
         verdict = "accepted" if _accepted(entry, d) else d.verdict
@@ -282,7 +283,7 @@ def render_text(comparison: Comparison) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _spark_rows(entry: Entry, width: int) -> list[str]:
+def _spark_rows(entry: VariantComparison, width: int) -> list[str]:
     series = [list(s.series.active) if s and s.series else [] for s in (entry.base, entry.head)]
     if not all(series):
         return []

@@ -52,13 +52,14 @@ server: its 256 KiB tolerance (host_memory's min_rate) fails a store keeping 1 M
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from ..common.echo import clip, echo
+from ..common.echo import MAX_ECHO, clip, echo
 from ..common.errors import BadInput
 from ..common.units import KiB, parse_size
 from ..judge.expect import ToleranceSpec
-from ..judge.metrics import METRICS
+from ..judge.metrics import METRICS, gated
 from ..judge.summary import Noise, Summary
 
 # The spread of N runs is a lower bound of the noise's true range R, and base and head may each
@@ -163,3 +164,20 @@ def fraction(value: str | float) -> float:
     if not (math.isfinite(fraction) and fraction >= 0):
         raise CompareError(f"not a fraction: {echo(value)} (expected e.g. 0.05)")
     return fraction
+
+
+def flags(rel: Sequence[str], abs_: Sequence[str]) -> tuple[dict[str, float], dict[str, float]]:
+    """`--rel METRIC=X` and `--abs METRIC=SIZE` as the command line gave them, each checked as
+    the scenario's would be."""
+    def values(pairs: Sequence[str], flag: str,
+               convert: Callable[[str], float]) -> dict[str, float]:
+        parsed = {}
+        for pair in pairs:
+            name, sep, value = pair.partition("=")
+            if not sep or name not in gated():
+                raise BadInput(f"{flag} {clip(pair, MAX_ECHO)}: expected METRIC=VALUE with "
+                               f"METRIC among {', '.join(gated())}")
+            parsed[name] = convert(value)
+        return parsed
+
+    return values(rel, "--rel", fraction), values(abs_, "--abs", size)

@@ -11,10 +11,12 @@ same path are a change however the scenario reads.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..judge.provenance import Preloaded, Provenance
 from ..judge.summary import Summary
 from .compare import Comparison
-from .policy import Change
+from .policy import YardstickChange
 
 MODEL_PATH = "scenario model.path"  # the row harness.gate.definition writes for a moved folder
 SHOWN = 12  # hex digits of a digest the comment shows
@@ -61,23 +63,26 @@ def _moved(base: Summary, head: Summary) -> bool:
     return old is not None and new is not None and old.sha256 == new.sha256
 
 
-def _not_recorded(base: Summary, head: Summary) -> list[str]:
-    return [name for name in FACTS if getattr(base.environment, name) is None
-            and getattr(head.environment, name) is not None]
+def _not_recorded(base: Summary, head: Summary) -> tuple[str, ...]:
+    return tuple(name for name in FACTS if getattr(base.environment, name) is None
+                 and getattr(head.environment, name) is not None)
 
 
-def judged(comparison: Comparison, changes: list[Change]) -> list[Change]:
+def judged(comparison: Comparison, changes: list[YardstickChange]
+           ) -> tuple[Comparison, list[YardstickChange]]:
     """`changes` with what each compared variant's head was measured with beside its scenario
     listed (each loosens but a removed start-up module), and without the `model.path` row of a
-    folder that moved with its bytes. Each entry says which facts its baseline did not record
-    (`not_recorded`, in the JSON only)."""
-    pairs = [(e, e.base, e.head) for e in comparison.entries
-             if e.base is not None and e.head is not None]
-    rows = []
-    for entry, base, head in pairs:
-        entry.not_recorded = _not_recorded(base, head)
+    folder that moved with its bytes; the comparison with each entry saying which facts its
+    baseline did not record (`not_recorded`, in the JSON only)."""
+    entries, rows = [], []
+    for entry in comparison.entries:
+        base, head = entry.base, entry.head
+        if base is None or head is None:
+            entries.append(entry)
+            continue
+        entries.append(replace(entry, not_recorded=_not_recorded(base, head)))
         if _moved(base, head):
             changes = [c for c in changes if not (c.label == entry.label and c.what == MODEL_PATH)]
-        rows += [Change(entry.label, *row)
+        rows += [YardstickChange(entry.label, *row)
                  for row in differences(base.environment, head.environment)]
-    return changes + rows
+    return replace(comparison, entries=tuple(entries)), changes + rows
