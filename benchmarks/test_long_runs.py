@@ -27,7 +27,8 @@ import numpy as np
 import psutil
 import pytest
 
-from harness.agent.kvmem_agent import PHASES, current_rss
+from harness.agent.kvmem_agent import current_rss
+from harness.agent.kvmem_sample import PHASES
 from harness.common.units import MiB
 from harness.judge.summary import ModelFacts
 from harness.models.folder import folder

@@ -10,7 +10,7 @@ import pytest
 from matplotlib.axes import Axes
 from matplotlib.collections import LineCollection, PathCollection
 
-from harness.agent.kvmem_agent import PHASES
+from harness.agent.kvmem_sample import PHASES
 from harness.common.units import GiB, MiB
 from harness.judge.records import MAX_STEPS_LISTED, Finding, listed
 from harness.report.plots import BUCKETS, buckets, draw_variant, plot_variant

@@ -9,8 +9,9 @@ import psutil
 import pytest
 
 from harness.agent.kvmem_rest import release_freed_heap
+from harness.agent.kvmem_sample import PHASES, Sample
 from harness.common.units import MiB
-from harness.run.probe import PHASES, ROW, Probe, current_rss, to_frame
+from harness.run.probe import ROW, Probe, current_rss, to_frame
 
 
 def test_a_step_records_its_transient_peak_and_settled_active_bytes():
@@ -29,6 +30,21 @@ def test_a_step_records_its_transient_peak_and_settled_active_bytes():
     assert row["peak"] - row["active"] >= 8 * MiB
     assert row["logical"] == 4 * MiB
     del keep
+
+
+def test_a_row_is_a_sample_with_the_steps_own_columns():
+    """The row is defined once (harness.agent.kvmem_sample.Sample): the probe's columns are its
+    fields, less `entries`, and the step's own, each given by name, whatever their order."""
+    assert set(ROW.names) == set(Sample._fields) - {"entries"} | {"step", "host", "minimum", "work"}
+    probe = Probe()
+    sample = Sample(time=1.5, phase="fetch", request=2, turn=3, tokens=4, active=5, peak=6, cache=7,
+                    rss=8, logical=9, entries=10, cyclic=11, cap=12, buffers=13, arrays=14)
+    probe.add(sample, host=15, minimum=16, work=17)
+    row = probe.rows()[0]
+    assert {name: row[name].item() for name in ROW.names} == {
+        "step": 0, "phase": PHASES.index("fetch"), "request": 2, "turn": 3, "tokens": 4,
+        "active": 5, "peak": 6, "cache": 7, "rss": 8, "logical": 9, "host": 15, "minimum": 16,
+        "work": 17, "cyclic": 11, "time": 1.5, "cap": 12, "buffers": 13, "arrays": 14}
 
 
 def test_rows_stay_compact_and_grow_by_doubling():

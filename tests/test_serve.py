@@ -18,12 +18,12 @@ import psutil
 import pytest
 
 from harness.agent import kvmem_agent
+from harness.agent.kvmem_sample import PHASES
 from harness.common.units import MiB
 from harness.judge import frames
 from harness.judge.summary import Environment
 from harness.run import traffic
 from harness.run.isolation import estimate_bytes, execute
-from harness.run.probe import PHASES
 from harness.run.server_engine import AGENT_DIR
 from harness.run.suite import summarize
 from harness.scenario import ScenarioError, load_variants

@@ -57,12 +57,14 @@ import time
 import weakref
 from collections.abc import Callable
 from multiprocessing.connection import Client
-from typing import Any, NamedTuple
+from typing import Any
 
 if __package__:  # harness.agent.kvmem_agent, in kvmem
     from .kvmem_rest import at_rest
+    from .kvmem_sample import Sample
 else:  # kvmem_agent, beside it on a server's PYTHONPATH
     from kvmem_rest import at_rest  # type: ignore[import-not-found, no-redef]
+    from kvmem_sample import Sample  # type: ignore[import-not-found, no-redef]
 
 # hmac and Client: here, not in the agent's thread (a fork mid-import leaves a module half made)
 
@@ -70,38 +72,8 @@ PROTOCOL = 1
 VARIABLES = ("KVMEM_AGENT", "KVMEM_AGENT_KEY", "KVMEM_AGENT_PERIOD", "KVMEM_AGENT_LOGICAL",
              "KVMEM_AGENT_CAP", "KVMEM_AGENT_PLUGINS", "KVMEM_AGENT_FOLLOW")
 NO_CAP = 2**53  # a cap this large, or larger (mlx-lm's default is 2**63), caps nothing
-# What a sample's process was doing: a step of kvmem's own loop (at rest, a prefill chunk, a
-# decode step, a store's fetch, store or eviction), or in a server a request boundary ("request")
-# and the samples taken on the period ("serve"). While a server's requests are in flight, its
-# logical size is what it stores, not its requests' working memory: those rows are judged at
-# rest only.
-PHASES = ("idle", "prefill", "decode", "fetch", "store", "evict", "request", "serve")
-IN_FLIGHT = ("request", "serve")
 # The MLX functions kvmem reads memory with, in a server and (with `synchronize`) in its probe.
 COUNTERS = ("get_active_memory", "get_peak_memory", "get_cache_memory", "reset_peak_memory")
-
-
-class Sample(NamedTuple):
-    """One reading of a process's memory, as the agent takes it in a server and kvmem's probe
-    in its own process (harness.run.probe adds each step's own columns). The agent sends its
-    samples as plain tuples, read back with `Sample._make`: this module is `kvmem_agent` in a
-    server and `harness.agent.kvmem_agent` in kvmem, so an instance would not unpickle."""
-
-    time: float   # seconds: the agent's `time.monotonic()`, the probe's since it began
-    phase: str
-    request: int
-    turn: int
-    tokens: int
-    active: int   # MLX's active bytes
-    peak: int     # MLX's highest active bytes since the previous sample
-    cache: int    # MLX's buffer cache
-    rss: int
-    logical: int  # what the components (a server: `KVMEM_AGENT_LOGICAL`) say they hold
-    entries: int  # how many entries they hold (a server's; 0 in kvmem's own process)
-    cyclic: int   # MLX bytes only unreachable reference cycles hold (at rest, when asked)
-    cap: int      # the bytes the components allow themselves (a server's cache's own cap), or 0
-    buffers: int = -1  # live unique MLX buffers, graphs' pending inputs too (at rest, when walked)
-    arrays: int = -1   # live MLX arrays (at rest, when walked); -1: not measured
 
 
 class Counters:

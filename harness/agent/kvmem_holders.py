@@ -30,7 +30,7 @@ else:  # kvmem_holders, beside it on a server's PYTHONPATH
 UNROOTED = "(unrooted)"
 # What is not the program's: the interpreter, the standard library and kvmem itself.
 OWN = frozenset({"harness", "kvmem_agent", "kvmem_follow", "kvmem_holders", "kvmem_rest",
-                 "kvmem_buffers"})
+                 "kvmem_buffers", "kvmem_sample"})
 FOREIGN = frozenset(sys.stdlib_module_names) | {"builtins"} | OWN
 # Objects that hold no array, or none a maintainer could name (descriptors of C types, code).
 SKIP = frozenset({int, float, complex, str, bytes, bool, type(None), range, types.CodeType,

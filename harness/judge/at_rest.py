@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
-from ..agent.kvmem_agent import IN_FLIGHT
+from ..agent.kvmem_sample import IN_FLIGHT
 from ..common.units import KiB, MiB, Size, mib
 from .frames import point_name, quiescent, unexplained, where
 from .records import Finding, Severity, from_hits, listed

@@ -2,7 +2,7 @@
 of each step, and what neither the components nor cycle garbage account for.
 
 A frame has one row per step (harness.run.probe.ROW; its phases are the sample's own,
-harness.agent.kvmem_agent.PHASES): `active` (a), the step's `peak` (p),
+harness.agent.kvmem_sample.PHASES): `active` (a), the step's `peak` (p),
 the components' `logical` bytes (l), the analytic `minimum`, the step's own input `work`,
 `cache`, `rss`, and at idle samples `cyclic` (c). Bytes are taken above the run's baseline b,
 its first sample. numpy and pandas are imported where a frame is read: the scenario schema
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
-from ..agent.kvmem_agent import IN_FLIGHT
+from ..agent.kvmem_sample import IN_FLIGHT
 
 if TYPE_CHECKING:
     import pandas as pd

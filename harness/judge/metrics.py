@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..agent.kvmem_agent import IN_FLIGHT
+from ..agent.kvmem_sample import IN_FLIGHT
 from ..common.units import KiB, MiB, format_bytes
 from .frames import spike_ratios, transients
 from .records import Finding

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
-from ..agent.kvmem_agent import IN_FLIGHT
+from ..agent.kvmem_sample import IN_FLIGHT
 from ..common.units import KiB, MiB, Size, mib
 from .frames import settled_above, spike_ratios, transients, where
 from .records import Finding, from_hits

@@ -133,7 +133,7 @@ def read_rows(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     file."""
     import pandas as pd
 
-    from ..agent.kvmem_agent import PHASES
+    from ..agent.kvmem_sample import PHASES
 
     samples = _csv(folder / SAMPLES, required=True)
     if not samples.empty:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..agent.kvmem_agent import IN_FLIGHT
+from ..agent.kvmem_sample import IN_FLIGHT
 from ..common.files import atomic_write
 from ..common.units import MiB
 from ..judge.detectors import DETECTORS, Marker

@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import psutil
 
+from ..agent.kvmem_sample import PHASES, Sample
 from .agented import Followers, ServerError
 from .holders_log import HolderLog
 from .holders_log import frame as holders_frame
-from .probe import PHASES, ROW, Sample
+from .probe import ROW
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection

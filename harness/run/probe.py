@@ -37,9 +37,10 @@ from typing import TYPE_CHECKING, Any
 import mlx.core as mx
 import numpy as np
 
-# The readers and the sample the in-server agent uses too, so both measure alike.
-from ..agent.kvmem_agent import COUNTERS, PHASES, Counters, Sample, current_rss
+# The readers the in-server agent uses too, so both measure alike.
+from ..agent.kvmem_agent import COUNTERS, Counters, current_rss
 from ..agent.kvmem_rest import Rest, at_rest
+from ..agent.kvmem_sample import PHASES, Sample
 from ..common.errors import KvmemError
 from .holders_log import HOLDERS_SPOOL, HolderLog
 from .rows import BLOCK, Rows
@@ -48,7 +49,7 @@ from .seal import seal
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["PHASES", "REQUEST", "ROW", "CounterReplaced", "NullProbe", "PeakMark", "Probe",
+__all__ = ["REQUEST", "ROW", "CounterReplaced", "NullProbe", "PeakMark", "Probe",
            "Sample", "current_rss", "to_frame", "walked"]
 
 BOUND = Counters(mx, (*COUNTERS, "synchronize"))
@@ -228,10 +229,9 @@ class Probe:
     def add(self, sample: Sample, *, host: int = 0, minimum: int = 0, work: int = 0) -> None:
         """Append one sample with the step's own columns (a server's agent takes its samples
         elsewhere; `end` takes its own)."""
-        self._rows.append((len(self._rows), PHASES.index(sample.phase), sample.request,
-                           sample.turn, sample.tokens, sample.active, sample.peak, sample.cache,
-                           sample.rss, sample.logical, host, minimum, work, sample.cyclic,
-                           sample.time, sample.cap, sample.buffers, sample.arrays))
+        values = sample._asdict() | {"step": len(self._rows), "phase": PHASES.index(sample.phase),
+                                     "host": host, "minimum": minimum, "work": work}
+        self._rows.append(tuple(values[name] for name in ROW.names))
 
     def request(self, index: int, sent: float, first: float | None, done: float,
                 prompt_tokens: int, completion_tokens: int, disconnected: bool) -> None:
