@@ -157,7 +157,7 @@ def placed(command: list[str]) -> tuple[list[str], int | None]:
 
 # -- sampling ----------------------------------------------------------------------------------
 
-class Session:
+class Recording:
     """The command with its agents (its first process's and each child's), and the rows they
     send: `start`, `watch` until an ending, `stop` (a last drain, then the whole process
     group)."""
@@ -351,17 +351,18 @@ def summarize(settings: Settings, frame: pd.DataFrame, ending: Ending, wall_s: f
     return summary.at(settings.folder / "summary.json")
 
 
-def finish(settings: Settings, session: Session, ending: Ending, wall_s: float) -> Summary:
+def finish(settings: Settings, recording: Recording, ending: Ending, wall_s: float
+           ) -> Summary:
     """Write the report folder, then move the command's log into it and add each process's
     rows."""
-    frame = session.frame()
+    frame = recording.frame()
     if ending.status == "ok" and frame.empty:
         ending = Ending("failed", "the agent took no sample",
                         "the command ended before its agent took a sample", ending.code)
-    family = session.family
+    family = recording.family
     facts = [] if family is None else [process.facts() for process in family.processes]
     notes = [] if family is None else family.notes()
-    holders = session.holders()
+    holders = recording.holders()
     summary, written = write(summarize(settings, frame, ending, wall_s, facts, notes, holders),
                              frame, holders=holders)
     if written:
@@ -419,23 +420,23 @@ def record(settings: Settings, console: Console) -> Recorded:
         if port is not None:
             console.print(f"{PORT} is port {port}", highlight=False)
         console.print(f"the command's output goes to {settings.log}", highlight=False)
-        session, began = Session(settings, words), time.monotonic()
+        recording, began = Recording(settings, words), time.monotonic()
         interrupted = False
         try:
             try:
-                session.start()
+                recording.start()
                 with Ticker(console) as ticker:
-                    ending = session.watch(ticker)
+                    ending = recording.watch(ticker)
             except KeyboardInterrupt:
                 interrupted, ending = True, Ending("ok", "stopped by an interrupt (Ctrl-C)")
             except ServerError as exc:
-                ending = session.failed(exc)
+                ending = recording.failed(exc)
             with deferred_interrupts() as came:
-                session.stop()
-                summary = finish(settings, session, ending, time.monotonic() - began)
+                recording.stop()
+                summary = finish(settings, recording, ending, time.monotonic() - began)
         finally:
-            session.stop()
-    result = Recorded(summary, ending, trend(session.frame()))
+            recording.stop()
+    result = Recorded(summary, ending, trend(recording.frame()))
     if interrupted or came:
         for line in [*seen(summary), *filter(None, [result.trend])]:
             console.print(line, highlight=False)

@@ -47,7 +47,7 @@ class NoReply(TrafficError):
     answering while no request completes)."""
 
 
-class Session:
+class Conversation:
     """One conversation: its messages so far, the server's replies included, and how many of
     its turns have ended (open loop, a turn waits for the one before it, as a user does)."""
 
@@ -78,7 +78,7 @@ class Call:
     max_tokens: int
     stream: bool
     disconnect: int | None
-    session: Session | None = None
+    session: Conversation | None = None
     turn: int = -1
     messages: tuple[dict, ...] | None = None
     extra: dict = field(default_factory=dict, hash=False)
@@ -229,7 +229,7 @@ def _sessions(phase: Sessions, clients: int, draw, first: int,
     rounds: list[list[Call]] = []
     index = first
     for group in range(0, phase.sessions, clients):
-        members = [Session() for _ in range(min(clients, phase.sessions - group))]
+        members = [Conversation() for _ in range(min(clients, phase.sessions - group))]
         for turn in range(phase.turns):
             round_ = []
             for offset, session in enumerate(members):
@@ -243,14 +243,14 @@ def _sessions(phase: Sessions, clients: int, draw, first: int,
 def _trace(http: HttpSpec, replayed: list[trace.Line], first: int) -> list[Step]:
     """One pass of a trace as calls (its sessions begun anew), in rounds of `clients` that
     never hold two turns of one session."""
-    sessions: dict[str, Session] = {}
+    sessions: dict[str, Conversation] = {}
     turns: dict[str, int] = {}
     rounds: list[Step] = []
     current: list[Call] = []
     for offset, line in enumerate(replayed):
         session, turn = None, -1
         if line.session is not None:
-            session = sessions.setdefault(line.session, Session())
+            session = sessions.setdefault(line.session, Conversation())
             turn = turns[line.session] = turns.get(line.session, -1) + 1
         if len(current) == http.clients or (session is not None and any(
                 call.session is session for call in current)):
