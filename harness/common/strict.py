@@ -1,5 +1,6 @@
-"""The base of every schema a user writes (a scenario, its expectations, a detector's settings):
-an unknown key is an error, not ignored, and a validated value is frozen.
+"""The base of every pydantic model kvmem defines (a scenario, its expectations, a detector's
+settings, a summary, the nightly record): an unknown key is an error, not ignored, and a
+validated value is frozen. A model that needs otherwise overrides one setting, and says why.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 
 class Strict(BaseModel):
+    """Closed to unknown keys, frozen once validated."""
+
     # defer_build: validators are built on first use; a variant's process only unpickles
     # scenarios, and building them all at import was 0.17 s of its 0.85 s start.
     model_config = ConfigDict(extra="forbid", strict=False, frozen=True, defer_build=True)

@@ -30,7 +30,6 @@ from typing import Annotated
 from pydantic import (
     AfterValidator,
     AwareDatetime,
-    BaseModel,
     ConfigDict,
     Field,
     PlainSerializer,
@@ -38,6 +37,7 @@ from pydantic import (
 )
 
 from ..common.echo import MAX_ECHO, clip, echo
+from ..common.strict import Strict
 from ..judge.metrics import METRICS, gated
 from ..judge.summary import Summary
 from .compare import index_summaries
@@ -52,25 +52,27 @@ Date = Annotated[AwareDatetime, AfterValidator(lambda d: d.astimezone(timezone.u
 # A whole number stays one in the file (675328040, not 675328040.0).
 Figure = Annotated[float, Field(allow_inf_nan=False),
                    PlainSerializer(lambda v: int(v) if v.is_integer() else v)]
-_STRICT = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
-class VariantNight(BaseModel):
+class _Read(Strict):
+    # strict: the record is read back from a file anyone may have edited; nothing is coerced.
+    model_config = ConfigDict(strict=True)
+
+
+class VariantNight(_Read):
     """One variant on one night: its gated metrics, or why it did not complete."""
 
-    model_config = _STRICT
     status: str
     error: str | None = None
-    metrics: dict[str, Figure] = {}
+    metrics: dict[str, Figure] = Field(default_factory=dict)
 
     def value(self, metric: str) -> float | None:
         return self.metrics.get(metric) if self.status == "ok" else None
 
 
-class Night(BaseModel):
+class Night(_Read):
     """One night: where its figures came from, and each scenario's variants."""
 
-    model_config = _STRICT
     date: Date
     commit: Annotated[str, Field(pattern=COMMIT.pattern)]
     backend: Annotated[str, Field(min_length=1)]
@@ -82,10 +84,10 @@ class Night(BaseModel):
         return self.scenarios.get(scenario, {}).get(variant)
 
 
-class Record(BaseModel):
+class Record(_Read):
     """The nights (`runs`), oldest first; `units` says what each metric is measured in."""
 
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)  # `schema` is read by its alias too
     schema_: int = Field(default=SCHEMA, alias="schema")
     units: dict[str, str] = Field(default_factory=lambda: {
         m: METRICS[m].suffixed(METRICS[m].unit) for m in gated()})

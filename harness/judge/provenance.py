@@ -6,11 +6,13 @@ lack them, and nothing is compared there."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr
+from pydantic import BaseModel, StrictInt, StrictStr
+
+from ..common.strict import Strict
 
 
-class _Fact(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class _Fact(Strict):
+    """One fact of the environment, as recorded."""
 
 
 class Runner(_Fact):
@@ -50,7 +52,8 @@ class FolderDigest(_Fact):
 
 class Provenance(BaseModel):
     """The summary environment's fields of this module (harness.judge.summary.Environment
-    derives from it); None where a summary does not record them."""
+    derives from it); None where a summary does not record them. Fields alone, no settings of
+    its own: Environment takes those of the summary's records."""
 
     runner: Runner | None = None
     preloaded: list[Preloaded] | None = None

@@ -26,7 +26,6 @@ from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -40,6 +39,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from ..common.errors import BadInput
+from ..common.strict import Strict
 from ..common.units import MAX_SIZE
 from .expect import GatedName, ToleranceSpec
 from .metrics import METRICS, noisy
@@ -93,10 +93,11 @@ Figure = Annotated[Any, AfterValidator(_figure)]  # a finite number or null
 Finite = Annotated[Any, AfterValidator(_finite)]  # a finite number
 
 
-class _Given(BaseModel):
+class _Given(Strict):
     """A record whose keys are those its writer gave: one absent stays absent when written."""
 
-    model_config = ConfigDict(frozen=True, extra="allow", populate_by_name=True, defer_build=True)
+    # extra: a summary keeps the keys a later kvmem wrote; populate_by_name: read by alias too.
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
 
     @model_serializer(mode="wrap")
     def _given(self, handler: Any) -> dict[str, Any]:
@@ -232,11 +233,9 @@ class ModelFacts(_Given):
     notes: list[StrictStr] | None = None
 
 
-class Recorded(BaseModel):
+class Recorded(Strict):
     """Who recorded a baseline, when and why (`baseline update --reason`): the gate lists it
     beside each baseline a pull request changes."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     by: StrictStr
     at: StrictStr

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from ..common.strict import Strict
 
 MAX_WARMUP = 2**31 - 1          # an int32, as every count of a scenario
 
 
-class Thresholds(BaseModel):
+class Thresholds(Strict):
     """A detector's settings, `detect.<name>` in a scenario: sizes take units, numbers are
     finite and strict (a bool is not 1), and an unknown key is an error, not ignored."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+    # strict: a scenario's `1` is not `true`, nor `"4"` 4; a threshold is a finite number.
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)
 
 
 class TrendThresholds(Thresholds):
