@@ -62,6 +62,14 @@ def repo(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory) -> Path:
+    """A repository whose scenarios run in three shards."""
+    root = git_repository(tmp_path_factory.mktemp("sharded") / "repo")
+    assert main(["init", "--install", SPEC, "--shards", "3", "--dir", str(root)]) == 0
+    return root
+
+
 def workflow(root: Path, name: str) -> dict:
     data = yaml.safe_load((root / ".github" / "workflows" / name).read_text())
     data["on"] = data.pop(True)            # YAML 1.1 reads the bare key `on` as true
@@ -204,6 +212,37 @@ def test_the_workflows_are_least_privilege_pinned_and_honour_the_gates_exit(repo
     assert judge["env"]["CONTEXT"] == CONTEXT
 
 
+def test_shards_run_on_runners_of_their_own_and_are_merged_before_the_judge(sharded):
+    """`--shards 3`: the measurement and the nightly run a three-part matrix; the judge and
+    the nightly's check stop when a part left no reports, and merge them
+    (tests/test_workflows.py runs the sharded pull-request check as the unsharded one)."""
+    pr, judge = workflow(sharded, "kvmem-pr.yml"), workflow(sharded, "kvmem-comment.yml")
+    nightly = workflow(sharded, "kvmem-nightly.yml")
+    assert list(nightly["jobs"]) == ["run", "baseline-check", "issue"]
+    for data, job in ((pr, "measure"), (nightly, "run")):
+        assert data["jobs"][job]["strategy"]["matrix"] == {"shard": [1, 2, 3]}
+        (run,) = [s["run"] for s in data["jobs"][job]["steps"] if "kvmem run" in s.get("run", "")]
+        assert "kvmem run scenarios --shard ${{ matrix.shard }}/3 --out reports" in run
+    for data, job, artifact in ((judge, "judge", "kvmem-reports-shard"),
+                                (nightly, "baseline-check", "kvmem-nightly-shard")):
+        (merge,) = [s["run"] for s in data["jobs"][job]["steps"]
+                    if "kvmem merge" in s.get("run", "")]
+        assert "for shard in 1 2 3; do" in merge and "of 3 left no reports" in merge
+        assert f"kvmem merge shards/{artifact}-* --out" in merge
+    assert "--from merged-reports" in next(
+        s["run"] for s in nightly["jobs"]["baseline-check"]["steps"] if s.get("id") == "check")
+
+
+@pytest.mark.parametrize("shards", ["0", "257", "x", "+2"])
+def test_a_shard_count_out_of_range_is_refused(shards, tmp_path, capsys):
+    git_repository(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        main(["init", "--install", SPEC, "--shards", shards, "--dir", str(tmp_path)])
+    assert exited.value.code == 2
+    assert "expected a whole number of shards from 1 to 256" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == [".git"]
+
+
 def test_the_nightly_runs_and_checks_in_one_job_then_counts_what_it_left(repo):
     """Unsharded, `baseline check` runs the scenarios itself; the issue job is the one this
     repository's nightly runs (tests/test_workflows.py runs its script), but for its artifact."""
@@ -257,8 +296,9 @@ def test_the_action_runs_the_gate_as_kvmem_parses_it_with_the_workflows_pins_and
     assert uploaded == {f"{args.out}/", f"{args.reports}/"}
 
 
-def test_the_workflows_and_the_action_match_the_github_schemas(repo):
-    result = check_schema(*(repo / ".github" / "workflows" / name for name in WORKFLOWS))
+def test_the_workflows_and_the_action_match_the_github_schemas(repo, sharded):
+    result = check_schema(*(root / ".github" / "workflows" / name for name in WORKFLOWS
+                            for root in (repo, sharded)))
     assert result.returncode == 0, result.stdout + result.stderr
     action = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema",
                              "vendor.github-actions", str(ROOT / "action.yml")],
@@ -266,19 +306,21 @@ def test_the_workflows_and_the_action_match_the_github_schemas(repo):
     assert action.returncode == 0, action.stdout + action.stderr
 
 
-def test_zizmor_finds_nothing_in_the_workflows_nor_the_action(repo):
+def test_zizmor_finds_nothing_in_the_workflows_nor_the_action(repo, sharded):
     """Those `init` writes, the action, and this repository's own."""
     result = subprocess.run([required("zizmor"), "--offline", "--no-progress",
                              str(repo / ".github" / "workflows"), str(ROOT / "action.yml"),
+                             str(sharded / ".github" / "workflows"),
                              str(ROOT / ".github" / "workflows")],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_shellcheck_passes_every_run_script(repo):
+def test_shellcheck_passes_every_run_script(repo, sharded):
     assert shellcheck('echo $1 `ls`').returncode != 0          # it does judge
     action = yaml.safe_load((ROOT / "action.yml").read_text())["runs"]["steps"]
-    scripts = [s["run"] for name in WORKFLOWS for s in steps(workflow(repo, name)) if "run" in s]
+    scripts = [s["run"] for name in WORKFLOWS for root in (repo, sharded)
+               for s in steps(workflow(root, name)) if "run" in s]
     own = [s["run"] for path in (ROOT / ".github" / "workflows").glob("*.yml")
            for s in steps(workflow(ROOT, path.name)) if "run" in s]
     for script in scripts + own + [s["run"] for s in action if "run" in s]:
@@ -286,9 +328,10 @@ def test_shellcheck_passes_every_run_script(repo):
         assert result.returncode == 0, script + result.stdout
 
 
-@pytest.mark.parametrize("written", [True, False], ids=["init", "this-repository"])
-def test_actionlint_passes_the_workflows(repo, written):
-    folder = (repo if written else ROOT) / ".github" / "workflows"
+@pytest.mark.parametrize("written", ["init", "init-sharded", "this-repository"])
+def test_actionlint_passes_the_workflows(repo, sharded, written):
+    root = {"init": repo, "init-sharded": sharded, "this-repository": ROOT}[written]
+    folder = root / ".github" / "workflows"
     if native := tool("actionlint"):
         result = subprocess.run([native, "-no-color", *sorted(map(str, folder.glob("*.yml")))],
                                 capture_output=True, text=True)

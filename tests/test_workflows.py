@@ -27,9 +27,16 @@ WORKFLOWS = Path(__file__).resolve().parents[1] / ".github" / "workflows"
 FILES = ("memory-pr.yml", "memory-comment.yml", "memory-accept.yml", "memory-nightly.yml",
          "tests.yml")
 ROOT = WORKFLOWS.parents[1]
-# The workflows `kvmem init` writes, by file name.
-KIT = {Path(path).name: text for path, text in rendered(Setup("kvmem[mlx]==0.1.0")).items()
-       if path.startswith(own.WORKFLOWS)}
+
+
+def written(setup: Setup) -> dict[str, str]:
+    """The workflows written for `setup`, by file name."""
+    return {Path(path).name: text for path, text in rendered(setup).items()
+            if path.startswith(own.WORKFLOWS)}
+
+
+KIT = written(Setup("kvmem[mlx]==0.1.0"))  # as `kvmem init` writes them
+SHARDED = written(Setup("kvmem[mlx]==0.1.0", shards=2))  # and with `--shards 2`
 # Every action by full commit SHA, its tag in a comment. Each SHA was confirmed as that tag by
 # several independent public repositories pinning the same SHA with the same tag comment.
 PINS = {
@@ -195,7 +202,8 @@ def step(data: dict, job: str, name: str) -> dict:
 
 # The pull-request check, as this repository runs it and as `kvmem init` writes it.
 CHECKS = {"this-repository": (lambda name: workflow(f"memory-{name}.yml"), "memory"),
-          "init": (lambda name: parsed(KIT[f"kvmem-{name}.yml"]), "kvmem")}
+          "init": (lambda name: parsed(KIT[f"kvmem-{name}.yml"]), "kvmem"),
+          "init-sharded": (lambda name: parsed(SHARDED[f"kvmem-{name}.yml"]), "kvmem")}
 HEAD_SHA = "${{ github.event.workflow_run.head_sha }}"
 STATUS_FUNCTION = re.compile(r"\b(?:always|cancelled|failure|success)\(\)")
 needs_node = pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")

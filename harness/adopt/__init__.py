@@ -17,6 +17,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from ..common.echo import echo
 from ..common.errors import BadInput, cannot_write
 from ..common.files import atomic_text
 from .kit import Setup, rendered
@@ -26,6 +27,7 @@ from .pin import PinError, checked, default
 LABEL = "memory-accepted"
 # The commit status the judge sets on a pull request's head: what branch protection requires.
 CONTEXT = "kvmem/memory"
+MAX_SHARDS = 256  # the most jobs a GitHub matrix makes
 
 
 class AdoptError(BadInput):
@@ -46,10 +48,11 @@ def repository(folder: Path) -> Path:
     return Path(top.stdout.strip())
 
 
-def write(root: Path, install: str, force: bool = False) -> list[str]:
-    """Write every template under `root`, the workflows installing `install`; refuse (writing
-    nothing) when one exists, unless `force`. Returns the paths written, relative to `root`."""
-    texts = rendered(Setup(install))
+def write(root: Path, install: str, force: bool = False, shards: int = 1) -> list[str]:
+    """Write every template under `root`, the workflows installing `install` and running the
+    scenarios in `shards` parts; refuse (writing nothing) when one exists, unless `force`.
+    Returns the paths written, relative to `root`."""
+    texts = rendered(Setup(install, shards=shards))
     existing = [path for path in texts if (root / path).exists()]
     if existing and not force:
         raise AdoptError(f"{', '.join(existing)}: already in {root}; kvmem init overwrites "
@@ -68,7 +71,7 @@ def _init(args: argparse.Namespace, console: Console) -> int:
     except PinError as exc:
         raise AdoptError(str(exc)) from None
     root = repository(Path(args.dir))
-    for path in write(root, install, args.force):
+    for path in write(root, install, args.force, args.shards):
         console.print(f"wrote {path}", highlight=False)
     console.print(f"into {root}; the workflows install {install}\n\nnext steps:\n"
                   "  1. kvmem run scenarios  (the starter passes in a few seconds)\n"
@@ -85,8 +88,15 @@ def _init(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _shards(text: str) -> int:
+    if text.isdecimal() and len(text) <= len(str(MAX_SHARDS)) and 1 <= int(text) <= MAX_SHARDS:
+        return int(text)
+    raise argparse.ArgumentTypeError(f"expected a whole number of shards from 1 to {MAX_SHARDS}, "
+                                     f"got {echo(text)}")
+
+
 def add(sub: argparse._SubParsersAction) -> None:
-    """`kvmem init [--install SPEC] [--dir DIR] [--force]`."""
+    """`kvmem init [--install SPEC] [--shards N] [--dir DIR] [--force]`."""
     init = sub.add_parser(
         "init", help="write a starter scenario, a baselines folder and the memory gate's GitHub "
                      "workflows into this git repository")
@@ -97,6 +107,10 @@ def add(sub: argparse._SubParsersAction) -> None:
              "'kvmem @ https://HOST/kvmem-X-py3-none-any.whl' or 'kvmem==X'. Default: this "
              "kvmem, where pip recorded it came from (a git commit, a URL, a release); "
              "required when it came from a local folder or file, which a runner cannot reach")
+    init.add_argument("--shards", type=_shards, default=1, metavar="N",
+                      help="run the scenarios, of a pull request and of the nightly check, in N "
+                           "parts, each on a runner of its own, merged before they are judged "
+                           "(default: 1)")
     init.add_argument("--dir", default=".",
                       help="a folder of the repository (default: the current one); the files "
                            "go to the repository's root")
