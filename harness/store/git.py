@@ -3,7 +3,8 @@
 The target branch's baselines are read from git at the revision, never from the working tree,
 so a pull request that edits its own `baselines/` cannot change what it is compared with. Any
 failure (no git, not a repository, an unknown revision) is bad input naming what was asked.
-Every git command kvmem runs is run here.
+The gate's other reads of the repository (its top, the commit a ref names, who last changed a
+file) are here too.
 """
 
 from __future__ import annotations
