@@ -33,6 +33,27 @@ def test_a_key_absent_from_a_file_stays_absent_and_an_unknown_one_is_kept():
     assert written["mine"] == {"kept": True} and list(written)[-1] == "mine"
 
 
+def test_the_detector_settings_are_typed_and_written_back_as_the_file_gave_them():
+    """A summary older than a detector (or a threshold) lacks its block (or key): read as the
+    thresholds' models, it is written back without them, and the gate still sees them absent;
+    a detector this kvmem does not know is kept."""
+    detect = {"leak": {"warmup": 2, "min_bytes": 4096}, "host_memory": {"min_bytes": 1},
+              "unbounded": {"budget": 3 * 2**20}, "future": {"x": 1}}
+    data = {**summary("s", "v"), "detect": detect}
+    read = summary_from_bytes(Path("s.json"), json.dumps(data).encode())
+    assert read.detect is not None and read.detect.unbounded.budget == 3 * 2**20
+    assert (read.detect.leak.warmup, read.detect.leak.r2) == (2, 0.9)   # a default not given
+    assert read.detect.given() == detect
+    assert json.loads(read.to_json())["detect"] == detect
+
+
+def test_a_threshold_of_the_wrong_type_is_bad_input_naming_it():
+    data = {**summary("s", "v"), "detect": {"leak": {"min_bytes": "lots"}}}
+    with pytest.raises(SummaryError, match=r"s.json: not a valid summary \(detect.leak.min_bytes: "
+                                           r"expected a size in bytes"):
+        summary_from_bytes(Path("s.json"), json.dumps(data).encode())
+
+
 @pytest.mark.parametrize("schema", [0, 2, "1", True, None])
 def test_a_schema_no_upgrade_leads_from_is_bad_input(schema):
     data = {**summary("s", "v"), "schema": schema}

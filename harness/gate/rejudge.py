@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..common.echo import clip
 from ..common.errors import BadInput
+from ..judge.detectors import AppliedDetect
 from ..judge.metrics import METRICS, RunFacts, gated
 from ..judge.records import Expectation, Finding
 from ..judge.summary import Series, Summary
@@ -68,7 +69,7 @@ def rejudged(summary: Summary, folder: Path, spec: ScenarioSpec) -> Summary:
                            expectations=verdict.expectations,
                            passed=verdict.held and summary.ok,
                            compare=spec.expect.compare,
-                           detect=spec.detect.model_dump(mode="json"),
+                           detect=AppliedDetect.of(spec.detect),
                            series=Series(active=series(samples)),
                            **({"holders": verdict.holders} if verdict.holders is not None
                               or summary.holders is not None else {}))

@@ -91,7 +91,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from ..common.strict import Strict
 from .at_rest import (
@@ -225,6 +225,35 @@ class DetectSpec(Strict):
         "Live MLX buffers at rest piling up while bytes hardly grow."))
     drift: DriftThresholds = Field(default=DriftThresholds(), description=(
         "A recorded process's memory trending up against time (`kvmem record`)."))
+
+
+class AppliedDetect(DetectSpec):
+    """`detect` in a summary: the thresholds a run applied, typed, and written back as its
+    writer gave them. A detector, or a threshold, newer than the file stays absent (the gate
+    tells a check a pull request adds from one it moves), and a detector this kvmem does not
+    know is kept as it is."""
+
+    model_config = ConfigDict(extra="allow")
+
+    @model_serializer(mode="wrap")
+    def _given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        declared = type(self).model_fields
+        return {name: ({key: value for key, value in block.items()
+                        if key in getattr(self, name).model_fields_set}
+                       if name in declared else block)
+                for name, block in data.items()
+                if name not in declared or name in self.model_fields_set}
+
+    @classmethod
+    def of(cls, spec: DetectSpec) -> AppliedDetect:
+        """Every detector's thresholds a run applies under `spec`, each of them given."""
+        return cls.model_validate(spec.model_dump())
+
+    def given(self) -> dict[str, dict[str, Any]]:
+        """Each detector's thresholds the file gave, by name, as JSON values."""
+        given: dict[str, dict[str, Any]] = self.model_dump(mode="json")
+        return given
 
 
 def detect(frame: pd.DataFrame, thresholds: DetectSpec, backend: str) -> list[Finding]:

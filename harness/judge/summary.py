@@ -41,6 +41,7 @@ from pydantic_core import PydanticCustomError
 from ..common.errors import BadInput
 from ..common.strict import Strict
 from ..common.units import MAX_SIZE
+from .detectors import AppliedDetect
 from .expect import GatedName, ToleranceSpec
 from .metrics import METRICS, noisy
 from .provenance import Provenance
@@ -267,7 +268,7 @@ class Summary(_Given):
     holders: HeldAtRest | None = None  # who held the arrays at the last point at rest
     recorded_passed: StrictBool | None = Field(None, alias="passed")
     compare: dict[GatedName, ToleranceSpec] = Field(default_factory=dict)
-    detect: dict[str, dict[str, Any]] | None = None  # each detector's thresholds as applied
+    detect: AppliedDetect | None = None  # each detector's thresholds as applied
     series: Series | None = None
     environment: Environment
     store_stats: dict[str, Figure] | None = None

@@ -96,9 +96,9 @@ def write_variant(out: Path, frame: pd.DataFrame, summary: Summary,
             holders.to_csv(staging / HOLDERS, index=False)
         if not frame.empty:
             title = f"{summary.scenario} / {summary.variant} ({summary.backend})"
-            detect = summary.detect or {}  # a scenario's budget, or a recording's
-            budget = (detect.get("unbounded", {}).get("budget")
-                      or detect.get("drift", {}).get("budget"))
+            detect = summary.detect  # a scenario's budget, or a recording's
+            budget = (None if detect is None
+                      else detect.unbounded.budget or detect.drift.budget)
             plot_variant(frame, summary.findings, title, staging / "memory.png", budget=budget,
                          requests=requests)
         (staging / "summary.json").write_text(summary.to_json())

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..judge.detectors import AppliedDetect
 from ..judge.metrics import RunFacts
 from ..judge.summary import SCHEMA, Environment, Series, Summary
 from ..judge.verdict import SERVED, judge
@@ -54,7 +55,7 @@ def summarize(run: Measured, frame: pd.DataFrame, holders: pd.DataFrame,
         last_step=run.last_step, metrics=verdict.metrics, findings=verdict.findings,
         expectations=verdict.expectations, passed=verdict.held and run.status == "ok",
         # Every detector's thresholds as applied: the gate sees a pull request that moves one.
-        detect=thresholds.model_dump(mode="json"), series=Series(active=series(frame)),
+        detect=AppliedDetect.of(thresholds), series=Series(active=series(frame)),
         environment=run.environment,
         **{name: value for name, value in optional.items()
            if value is not None or name in run.nulls})
