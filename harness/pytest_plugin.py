@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from harness.common.units import format_bytes, parse_size
+from harness.common.units import exact_bytes, format_bytes, parse_size
 
 # A bound's name before it was the summaries' own, and the metric it bounds.
 RENAMED = {"retained": "final"}
@@ -84,7 +84,7 @@ class KVProbe:
 
 
 def _bytes(value: int) -> str:
-    return f"{format_bytes(value)} ({value:,} B)"
+    return f"{format_bytes(value)} ({exact_bytes(value)})"
 
 
 def _bounds(marker: pytest.Mark) -> tuple[dict[str, int], int]:

@@ -1,4 +1,6 @@
-"""Byte sizes: parsed from what people write (`512 MiB`) and formatted for what they read.
+"""Byte sizes: parsed from what people write (`512 MiB`) and formatted for what they read, one
+helper a form: `format_bytes` (`7.81 MiB`), `exact_bytes` (`8,192,000 B`), `mib` (a column in
+MiB).
 
 Sizes stay exact as floats (detectors and the gate compute with them), so none may pass 2**53
 bytes (8 PiB).
@@ -120,6 +122,11 @@ def format_bytes(value: float, signed: bool = False) -> str:
     size = abs(value) / divisor
     text = f"{size:.0f}" if unit == "B" else f"{size:.3g}" if size < 100 else f"{size:.0f}"
     return f"{sign}{text} {unit}"
+
+
+def exact_bytes(value: float, signed: bool = False) -> str:
+    """`573,440 B`, `+573,440 B`: every byte, where `format_bytes` would round a change away."""
+    return f"{value:{'+' if signed else ''},.0f} B"
 
 
 def mib(value: float | None, digits: int = 2) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from ..common.units import KiB, format_bytes
+from ..common.units import KiB, exact_bytes, format_bytes
 from ..judge.metrics import BYTES, METRICS, gated
 from ..judge.records import Holder
 from .compare import (
@@ -52,7 +52,7 @@ def _exact(delta: MetricDelta) -> str:
     """The exact byte delta where the human form rounds it."""
     if not _bytes(delta.metric) or abs(delta.delta) < KiB:
         return ""
-    return f" ({delta.delta:+,.0f} B)"
+    return f" ({exact_bytes(delta.delta, signed=True)})"
 
 
 def format_tolerance(metric: str, tolerance: Tolerance) -> str:
@@ -90,7 +90,7 @@ def format_pair(delta: MetricDelta) -> tuple[str, str]:
     """Base and head in human units, or in exact bytes where the units would hide the change."""
     pair = format_value(delta.metric, delta.base), format_value(delta.metric, delta.head)
     if pair[0] == pair[1] and _bytes(delta.metric):
-        return f"{delta.base:,.0f} B", f"{delta.head:,.0f} B"
+        return exact_bytes(delta.base), exact_bytes(delta.head)
     return pair
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 from pydantic import Field
 
 from ..agent.kvmem_sample import IN_FLIGHT
-from ..common.units import KiB, MiB, Size, mib
+from ..common.units import KiB, MiB, Size, exact_bytes, mib
 from .frames import point_name, quiescent, unexplained, where
 from .records import Finding, Severity, from_hits, listed
 from .thresholds import MAX_WARMUP, Thresholds, TrendThresholds
@@ -41,7 +41,7 @@ def _trending(kind: str, points: pd.DataFrame, trend: Trend, rate: float, head: 
     unit = point_name(points)
     return Finding(
         kind=kind, step=int(points["step"].iloc[-1]), bytes=round(rate), count=trend.deltas,
-        message=f"{head} {rate:,.0f} B per {unit}{_since(trend, points, unit)} over "
+        message=f"{head} {exact_bytes(rate)} per {unit}{_since(trend, points, unit)} over "
                 f"{trend.deltas} {unit}s{middle} (fit r²={trend.r2:.3f}){tail}",
         steps=listed(points["step"].iloc[trend.start:]),
         severity=severity, per=unit)
@@ -244,7 +244,7 @@ def retained(frame: pd.DataFrame, t: RetainedThresholds, backend: str) -> Findin
         count=trend.deltas,
         message=f"allocator holds {mib(at_rest[last])} MiB beyond the "
                 f"{mib(points['logical'][last])} MiB the components report at rest, rising "
-                f"{trend.rate:,.0f} B per {unit} in step with them (fit r²={trend.r2:.3f})",
+                f"{exact_bytes(trend.rate)} per {unit} in step with them (fit r²={trend.r2:.3f})",
         steps=listed(points["step"]))
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field
 
-from ..common.units import KiB, Size
+from ..common.units import KiB, Size, exact_bytes
 from .frames import point_name, quiescent
 from .records import Finding, listed
 from .thresholds import MAX_WARMUP, TrendThresholds
@@ -107,7 +107,7 @@ def buffers(frame: pd.DataFrame, t: BuffersThresholds, backend: str) -> Finding 
         kind="buffers", step=int(frame["step"][last]), bytes=round(grown / spanned),
         count=spanned,
         message=f"live MLX buffers at rest grow {rate:+,.2f} a {unit} "
-                f"({max(grown, 0) / added:,.0f} B each), {int(span[first]):,} to {live:,} "
-                f"over {spanned} {point_name(points)}s while memory at rest grew {grown:,} B "
+                f"({exact_bytes(max(grown, 0) / added)} each), {int(span[first]):,} to {live:,} "
+                f"over {spanned} {point_name(points)}s while memory at rest grew {exact_bytes(grown)} "
                 f"(fit r²={trend.r2:.3f}){projection}",
         steps=listed(points.loc[first:last, "step"]))

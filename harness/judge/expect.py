@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import AfterValidator, Discriminator, Field, Tag
 
 from ..common.strict import Number, Strict, tagged
-from ..common.units import Size
+from ..common.units import Size, exact_bytes
 from .detectors import DETECTORS, Presence
 from .metrics import BYTES, METRICS, gated
 from .records import Expectation, Finding, Severity
@@ -115,8 +115,8 @@ def _presence(name: str, expected: Presence, findings: list[Finding],
 
 def _bound(name: str, actual: float | None, limit: float, in_bytes: bool) -> Expectation:
     ok = actual is not None and actual <= limit
-    shown = "n/a" if actual is None else (f"{actual:,.0f} B" if in_bytes else f"{actual:.3f}")
-    limit_shown = f"{limit:,.0f} B" if in_bytes else f"{limit:.3f}"
+    shown = "n/a" if actual is None else (exact_bytes(actual) if in_bytes else f"{actual:.3f}")
+    limit_shown = exact_bytes(limit) if in_bytes else f"{limit:.3f}"
     return Expectation(name=name, expected=f"<= {limit_shown}", actual=shown, ok=ok,
                        message=f"{name} {shown} {'within' if ok else 'exceeds'} {limit_shown}")
 
