@@ -29,6 +29,15 @@ FILES = ("memory-pr.yml", "memory-comment.yml", "memory-accept.yml", "memory-nig
 ROOT = WORKFLOWS.parents[1]
 
 
+def test_the_writer_writes_them_into_the_checkout_it_lies_in(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(own, "ROOT", tmp_path)
+    assert own.main() == 2 and "not kvmem's checkout" in capsys.readouterr().err
+    (tmp_path / own.WORKFLOWS).mkdir(parents=True)
+    assert own.main() == 0
+    assert {path: (tmp_path / path).read_text() for path in own.workflows()} == own.workflows()
+    assert capsys.readouterr().out.count("wrote .github/workflows/memory-") == 4
+
+
 def written(setup: Setup) -> dict[str, str]:
     """The workflows written for `setup`, by file name."""
     return {Path(path).name: text for path, text in rendered(setup).items()
