@@ -67,6 +67,7 @@ ROW = np.dtype([
     ("work", np.int64), ("cyclic", np.int64), ("time", np.float32), ("cap", np.int64),
     ("buffers", np.int32), ("arrays", np.int32),
 ])
+COLUMNS: tuple[str, ...] = ROW.names or ()  # a structured dtype's names: never None
 
 
 # One request a server was sent (serve mode): when it was sent, when its first streamed token
@@ -231,7 +232,7 @@ class Probe:
         elsewhere; `end` takes its own)."""
         values = sample._asdict() | {"step": len(self._rows), "phase": PHASES.index(sample.phase),
                                      "host": host, "minimum": minimum, "work": work}
-        self._rows.append(tuple(values[name] for name in ROW.names))
+        self._rows.append(tuple(values[name] for name in COLUMNS))
 
     def request(self, index: int, sent: float, first: float | None, done: float,
                 prompt_tokens: int, completion_tokens: int, disconnected: bool) -> None:
