@@ -236,3 +236,16 @@ def test_every_exception_kvmem_defines_derives_from_its_root():
                "Stray": ["ValueError"], "Under": ["Stray"], "Plain": ["object"],
                "Stop": ["KeyboardInterrupt"]}
     assert outside_the_root(planted) == ["Stray", "Under"]
+
+
+def test_a_mebibyte_is_written_once():
+    """`MiB` (and KiB, GiB) are defined in harness/common/units.py alone; every other figure in
+    bytes is written with them."""
+    root = HARNESS.parent
+    spelled = "2**" + "20"  # not written out here, or this file would be a second place
+    files = [path for folder in ("harness", "reference_impl", "tests", "benchmarks", "docs", "scripts")
+             for path in sorted((root / folder).rglob("*")) if path.suffix in (".py", ".md")]
+    found = [f"{path.relative_to(root)}:{number}" for path in files
+             for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+             if spelled in line]
+    assert [place.split(":")[0] for place in found] == ["harness/common/units.py"], found

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.common.units import MiB
 from harness.judge.summary import SCHEMA, SummaryError, summary_from_bytes
 from harness.store.summaries import read_summary
 from tests.summaries import summary
@@ -38,10 +39,10 @@ def test_the_detector_settings_are_typed_and_written_back_as_the_file_gave_them(
     thresholds' models, it is written back without them, and the gate still sees them absent;
     a detector this kvmem does not know is kept."""
     detect = {"leak": {"warmup": 2, "min_bytes": 4096}, "host_memory": {"min_bytes": 1},
-              "unbounded": {"budget": 3 * 2**20}, "future": {"x": 1}}
+              "unbounded": {"budget": 3 * MiB}, "future": {"x": 1}}
     data = {**summary("s", "v"), "detect": detect}
     read = summary_from_bytes(Path("s.json"), json.dumps(data).encode())
-    assert read.detect is not None and read.detect.unbounded.budget == 3 * 2**20
+    assert read.detect is not None and read.detect.unbounded.budget == 3 * MiB
     assert (read.detect.leak.warmup, read.detect.leak.r2) == (2, 0.9)   # a default not given
     assert read.detect.given() == detect
     assert json.loads(read.to_json())["detect"] == detect
