@@ -70,6 +70,8 @@ Name = Annotated[str, Field(strict=True), AfterValidator(check_name)]
 
 
 class LayerGroup(Strict):
+    """`count` layers of one kind: full attention, a sliding window, or a recurrent state."""
+
     count: Layers = 1
     kind: Literal["full", "sliding", "recurrent"]
     kv_heads: Dim = 0
@@ -188,11 +190,17 @@ class ModelSpec(Strict):
 
 
 class ComponentSpec(Strict):
+    """A component by registry name (`mlx_lm.KVCache`, `reference.prefix_cache`) or import path
+    (`package.module:factory`), and the options its factory takes."""
+
     component: Annotated[str, Field(strict=True, min_length=1)]
     options: dict[str, Any] = Field(default_factory=dict)
 
 
 class CacheSpec(Strict):
+    """The components by role: full-attention and sliding layers, recurrent layers, a store
+    across requests, a chat session."""
+
     layer: ComponentSpec = ComponentSpec(component="mlx_lm.KVCache")
     sliding: ComponentSpec = ComponentSpec(component="mlx_lm.RotatingKVCache")
     # Recurrent layers: the synthetic engine's fixed state unless a component is named.
@@ -202,11 +210,16 @@ class CacheSpec(Strict):
 
 
 class PrefixSpec(Strict):
+    """The head this request shares with an earlier one: that request's index and the tokens
+    in common."""
+
     request: Count
     tokens: Positive
 
 
 class RequestSpec(Strict):
+    """One request: prompt tokens, then decode steps, `repeat` times."""
+
     prompt: Positive
     decode: Count = 0
     prefix: PrefixSpec | None = None
@@ -214,12 +227,17 @@ class RequestSpec(Strict):
 
 
 class ChatSpec(Strict):
+    """A chat: `turns` turns of `user` tokens in and `model` tokens out."""
+
     turns: Positive
     user: Positive
     model: Positive
 
 
 class WorkloadSpec(Strict):
+    """What is served: a list of requests, a chat, or HTTP traffic (engine: server), with the
+    prefill chunk and the batch."""
+
     prefill_chunk: Positive = 512
     batch: Annotated[int, Field(strict=True, ge=1, le=MAX_BATCH)] = 1
     requests: Annotated[list[RequestSpec], Field(min_length=1)] | None = None
@@ -245,6 +263,9 @@ class WorkloadSpec(Strict):
 
 
 class SamplingSpec(Strict):
+    """The seed of the synthetic K/V, and what kvmem looks for at each point at rest: cycle
+    garbage (`find_cycles`) and who holds the live MLX arrays (`holders`)."""
+
     seed: Annotated[int, Field(strict=True, ge=0, le=MAX_SEED)] = 0
     # Python's automatic cycle collector runs when it will, as in a server. True: at each idle
     # point kvmem finds what unreachable reference cycles hold, without freeing it (the
