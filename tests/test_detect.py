@@ -21,7 +21,7 @@ from harness.judge.detectors import DETECTORS, Detector, Marker
 from harness.judge.metrics import METRICS
 from harness.judge.records import MAX_STEPS_LISTED, Expectation, Finding, from_hits
 from harness.judge.thresholds import Thresholds
-from harness.report import folder as report
+from harness.report import writing as report
 from harness.scenario import ScenarioError, load_variants
 from tests.conftest import make_spec, serve
 

@@ -16,8 +16,8 @@ import pytest
 
 from harness.cli import main
 from harness.common.units import GiB, MiB
-from harness.report import folder as report
-from harness.report.folder import reserve
+from harness.report import writing as report
+from harness.report.writing import reserve
 from tests.signals import interruptible
 
 CRASHES = """

@@ -20,9 +20,10 @@ from ..gate.formats import RENDERERS
 from ..gate.policy import ACCEPT_LABEL
 from ..gate.render import render_text
 from ..gate.tolerance import flags
-from ..judge.summary import Summary, checked, load_summaries
+from ..judge.summary import Summary, checked
 from ..report import console as term
 from ..run.environment import BACKENDS
+from ..store.summaries import baselines_of, summaries_under
 from . import options
 
 
@@ -55,7 +56,7 @@ def compare_reports(args: argparse.Namespace, console: Console) -> int:
     """Compare; a head that produced no summaries (it crashed, or its input was refused) is a
     regression whose comment says so, with its first error line."""
     rel, abs_ = flags(args.rel, args.abs)
-    base, head = load_summaries(args.base), load_summaries(args.head)
+    base, head = summaries_under(args.base), summaries_under(args.head)
     if not head:
         return emit(head_failed(base, _head_error(args)), args)
     return emit(compare(base, head, rel, abs_), args)
@@ -115,7 +116,8 @@ def check_baselines(args: argparse.Namespace, console: Console) -> int:
     head = _suite(args, options.errors())
     # Explicit paths run part of the suite: baselines of the other scenarios are not "removed".
     # Reports given with --from (the nightly's merged shards) stand for the whole suite.
-    base = baseline.load_baselines(Path(args.dir), head, partial=bool(args.paths))
+    base = baselines_of(Path(args.dir), {s.backend for s in head},
+                        {s.scenario for s in head} if args.paths else None)
     return emit(compare(base, head, rel, abs_), args)
 
 

@@ -24,10 +24,11 @@ from ..common.units import parse_duration
 from ..gate.form import as_gated as as_gated  # the commands' own, as the gate measures
 from ..gate.formats import RENDERERS
 from ..gate.nightly import parse_date
-from ..judge.summary import Summary, load_summaries
+from ..judge.summary import Summary
 from ..run.defaults import usable_cores
 from ..run.selection import variants as variants  # the commands' own, as the gate reads them
 from ..scenario import Variant
+from ..store.summaries import summaries_under
 
 DEFAULT_SCENARIOS = Path("scenarios")
 MAX_JOBS = 1024
@@ -75,7 +76,7 @@ def duration(text: str) -> float:
 
 def summaries(paths: Sequence[str | Path]) -> list[Summary]:
     """Every summary under `paths` (files, report or baselines folders); none is bad input."""
-    found = [s for path in paths for s in load_summaries(path)]
+    found = [s for path in paths for s in summaries_under(path)]
     if not found:
         raise no_summaries(paths)
     return found

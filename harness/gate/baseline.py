@@ -31,7 +31,8 @@ from ..common.files import atomic_text
 from ..common.names import flaw
 from ..common.units import format_bytes
 from ..judge.metrics import noisy
-from ..judge.summary import Recorded, Summary, SummaryError, checked, load_summaries, read_summary
+from ..judge.summary import Recorded, Summary, SummaryError, checked
+from ..store.summaries import read_summary
 from .compare import COMPARED, compare, index_summaries
 from .policy import policy_changes
 from .render import format_value
@@ -171,19 +172,3 @@ def store(summaries: list[Summary], root: Path, reason: str, by: str) -> Update:
             raise cannot_write(change.path, exc) from None
         result.written.append(change)
     return result
-
-
-def load_baselines(root: Path, head: list[Summary], partial: bool) -> list[Summary]:
-    """The baselines to compare `head` with: those of its backends, and with `partial` (a run of
-    some scenarios only) those of its scenarios, so the others are not listed as removed."""
-    base: list[Summary] = []
-    for backend in sorted({s.backend for s in head}):
-        folder = root / backend
-        if not folder.is_dir():
-            raise CompareError(f"{folder}: no baselines for backend {backend} (record them "
-                               "with `python -m harness baseline update`)")
-        base += load_summaries(folder)
-    if partial:
-        ran = {s.scenario for s in head}
-        base = [s for s in base if s.scenario in ran]
-    return base

@@ -30,8 +30,8 @@ from ..judge.metrics import METRICS, RunFacts, gated
 from ..judge.records import Expectation, Finding
 from ..judge.summary import Series, Summary
 from ..judge.verdict import judge
-from ..report.folder import read_rows
 from ..scenario import ScenarioSpec
+from ..store.rows import judged_rows
 from .compare import FAILED, Comparison
 from .policy import ACCEPT_LABEL
 
@@ -54,7 +54,7 @@ def rejudged(summary: Summary, folder: Path, spec: ScenarioSpec) -> Summary:
     Rows missing or unreadable are bad input naming the file."""
     from ..report.plots import series
 
-    samples, holders = read_rows(folder)
+    samples, holders = judged_rows(folder)
     served = summary.status in SERVED and not samples.empty
     facts = RunFacts(summary.metric("wall_s") or 0.0, int(summary.metric("estimate") or 0),
                      summary.model.weights if summary.model is not None else None)

@@ -440,18 +440,9 @@ def _current(path: Path, data: dict) -> dict:
     return data
 
 
-def read_summary(path: Path) -> Summary:
-    """Load and check one summary, naming the file in every error."""
-    try:
-        content = Path(path).read_bytes()
-    except OSError as exc:
-        raise SummaryError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    return summary_from_bytes(path, content)
-
-
 def summary_from_bytes(path: Path, content: bytes) -> Summary:
-    """A summary from a file's bytes (read from disk, or from git at a revision), checked; bad
-    input names `path`."""
+    """A summary from a file's bytes (read by harness.store from disk, or from git at a
+    revision), checked; bad input names `path`."""
     try:
         data = json.loads(content.decode("utf-8"))
     except UnicodeDecodeError:
@@ -464,31 +455,3 @@ def summary_from_bytes(path: Path, content: bytes) -> Summary:
     if not isinstance(data, dict):
         raise SummaryError(f"{path}: not a valid summary (expected a JSON object)")
     return checked(parse(path, _current(path, data)))
-
-
-def load_summaries(path: str | Path) -> list[Summary]:
-    """Summaries under `path`: a summary file, a report folder, or a baselines folder.
-
-    Folders are walked for `summary.json` files (report layout); a folder holding none is read
-    as a baselines folder, where every `*.json` is a summary.
-    """
-    path = Path(path)
-    if path.is_file():
-        return [read_summary(path)]
-    if not path.is_dir():
-        raise SummaryError(f"{path}: no such file or folder")
-    try:
-        files = _visible(path, "summary.json") or _visible(path, "*.json")
-    except OSError as exc:
-        raise SummaryError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    return [read_summary(f) for f in files]
-
-
-def _visible(root: Path, pattern: str) -> list[Path]:
-    """Files under `root` matching `pattern`, leaving out hidden names at any depth.
-
-    Atomic writes leave `.summary.json.<random>.json` files, and report folders are staged as
-    `.<variant>.new.<random>/`, when interrupted: half-written data, never a summary.
-    """
-    return sorted(f for f in root.rglob(pattern)
-                  if not any(part.startswith(".") for part in f.relative_to(root).parts))

@@ -21,7 +21,7 @@ from rich.console import Console
 
 from ..common.errors import cannot_write, no_summaries
 from ..judge.summary import Summary, SummaryError
-from ..report import folder as report
+from ..report import writing as report
 from ..store.rows import plotted_samples
 from ..store.summaries import summaries_under
 from .suite import overlays

@@ -54,7 +54,7 @@ from ..judge.expect import ExpectSpec
 from ..judge.metrics import RunFacts
 from ..judge.over_time import describe, fit, per_second
 from ..judge.summary import ModelFacts, Summary
-from ..report import folder as report
+from ..report import writing as report
 from ..scenario import Variant
 from ..scenario.server import ServerSpec
 from .agented import Agented, AgentSettings, ServerError

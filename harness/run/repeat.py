@@ -21,7 +21,7 @@ from rich.console import Console
 
 from ..judge.metrics import exact, noisy
 from ..judge.summary import NoiseBlock, Summary
-from ..report import folder as report
+from ..report import writing as report
 from ..scenario import Variant
 from .suite import run_variants, samples, write
 

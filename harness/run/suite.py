@@ -36,7 +36,7 @@ from rich.progress import Progress, TaskID
 from ..judge.metrics import RunFacts
 from ..judge.records import Finding
 from ..judge.summary import Environment, Summary
-from ..report import folder as report
+from ..report import writing as report
 from ..report.console import progress_bars, warn
 from ..report.plots import plot_overlay
 from ..scenario import ScenarioSpec, Variant

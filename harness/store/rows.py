@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..common.echo import clip
 from ..judge.summary import SummaryError
-from ..report.folder import HOLDERS, SAMPLES, ReportError
+from ..report.writing import HOLDERS, SAMPLES, ReportError
 
 if TYPE_CHECKING:
     import pandas as pd

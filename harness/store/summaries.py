@@ -52,9 +52,11 @@ def _visible(root: Path, pattern: str) -> list[Path]:
                   if not any(part.startswith(".") for part in f.relative_to(root).parts))
 
 
-def baselines_of(root: Path, backends: set[str]) -> list[Summary]:
-    """The committed baselines of `backends` in the working tree's folder `root`; a backend
-    with no folder there is bad input."""
+def baselines_of(root: Path, backends: set[str], scenarios: set[str] | None = None
+                 ) -> list[Summary]:
+    """The committed baselines of `backends` in the working tree's folder `root`, of
+    `scenarios` only where given (a run of some scenarios: the others are not removed); a
+    backend with no folder there is bad input."""
     found: list[Summary] = []
     for backend in sorted(backends):
         folder = root / backend
@@ -62,7 +64,7 @@ def baselines_of(root: Path, backends: set[str]) -> list[Summary]:
             raise StoreError(f"{folder}: no baselines for backend {backend} (record them "
                              "with `python -m harness baseline update`)")
         found += summaries_under(folder)
-    return found
+    return found if scenarios is None else [s for s in found if s.scenario in scenarios]
 
 
 def baselines_in(folder: Path, where: str) -> Baselines:

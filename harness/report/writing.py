@@ -1,6 +1,6 @@
 """Report folders: samples.csv, summary.json and memory.png per variant (requests.csv and
 holders.csv where the run has them), written as a unit, and
-the reservation of the folder a run writes under.
+the reservation of the folder a run writes under. They are read back by harness.store.
 
 Every file is written to a temporary name beside its target and renamed into place, so a
 crash or a bad later input never leaves half a report, nor destroys one already written.
@@ -31,8 +31,6 @@ LOCK_NAME = ".kvmem.lock"
 SAMPLES = "samples.csv"
 REQUESTS = "requests.csv"
 HOLDERS = "holders.csv"
-# holders.csv's columns of text: read as written, an empty path or a holder named `NA` too.
-_TEXT = ("holder", "path", "root")
 
 
 class ReportError(BadInput):
@@ -123,43 +121,3 @@ def swap_into_place(staging: Path, out: Path) -> None:
         raise
     finally:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def read_rows(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """A variant's samples and holders as its run judged them, read back from samples.csv and
-    holders.csv (empty where the run walked none): phases as the probe's categories, `time`
-    in the float32 the probe kept (samples.csv holds each value's shortest decimal, which
-    reads back to the same float32). Missing or unreadable rows are bad input naming the
-    file."""
-    import pandas as pd
-
-    from ..agent.kvmem_sample import PHASES
-
-    samples = _csv(folder / SAMPLES, required=True)
-    if not samples.empty:
-        unknown = sorted(set(samples["phase"].astype(str)) - set(PHASES)) \
-            if "phase" in samples else ["(none)"]
-        others = [c for c in samples.columns if c != "phase"
-                  and not pd.api.types.is_numeric_dtype(samples[c])]
-        if unknown or others:
-            what = f"phase {unknown[0]!r}" if unknown else f"column {others[0]!r} is not numeric"
-            raise ReportError(f"{folder / SAMPLES}: unreadable rows ({what})")
-        samples["phase"] = pd.Categorical(samples["phase"], categories=PHASES)
-        if "time" in samples:
-            samples["time"] = samples["time"].astype("float32")
-    return samples, _csv(folder / HOLDERS, required=False)
-
-
-def _csv(path: Path, required: bool) -> pd.DataFrame:
-    """One CSV of a report folder; where it is missing, bad input if `required` else empty."""
-    import pandas as pd
-
-    try:
-        return pd.read_csv(path, dtype={name: str for name in _TEXT}, keep_default_na=False)
-    except FileNotFoundError:
-        if required:
-            raise ReportError(f"{path}: missing: the report has no rows to judge") from None
-        return pd.DataFrame()
-    except (OSError, ValueError) as exc:  # pandas' parser and empty-file errors among them
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ReportError(f"{path}: unreadable rows ({reason})") from None
