@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.common.units import MiB
+from harness.gate.policy import PolicyChange, policy_changes
 from harness.judge.summary import SCHEMA, SummaryError, summary_from_bytes
 from harness.store.summaries import read_summary
 from tests.summaries import summary
@@ -46,6 +47,31 @@ def test_the_detector_settings_are_typed_and_written_back_as_the_file_gave_them(
     assert (read.detect.leak.warmup, read.detect.leak.r2) == (2, 0.9)   # a default not given
     assert read.detect.given() == detect
     assert json.loads(read.to_json())["detect"] == detect
+
+
+def test_a_threshold_newer_than_this_kvmem_is_kept_as_the_file_gave_it():
+    """The judge reads summaries a pull request's kvmem wrote: a key it added to a known
+    detector is read, shown by `given()` in the file's order, and written back byte for byte,
+    while the typed thresholds hold the known ones."""
+    detect = {"spike": {"new_knob": 3, "min_bytes": 1}, "leak": {"min_bytes": 4096}}
+    data = {**summary("s", "v"), "detect": detect}
+    text = summary_from_bytes(Path("s.json"), json.dumps(data).encode()).to_json()
+    assert json.loads(text)["detect"] == detect     # the summary's own order for its fields
+    read = summary_from_bytes(Path("s.json"), text.encode())
+    assert read.detect is not None and read.detect.given() == detect
+    assert list(read.detect.given()["spike"]) == ["new_knob", "min_bytes"]
+    assert (read.detect.spike.min_bytes, read.detect.spike.min_ratio) == (1, 1.05)
+    assert not hasattr(read.detect.spike, "new_knob")
+    assert read.to_json() == text
+
+
+def test_the_gate_lists_a_threshold_the_head_adds_to_a_known_detector():
+    def read(detect):
+        data = {**summary("s", "v"), "detect": detect}
+        return summary_from_bytes(Path("s.json"), json.dumps(data).encode())
+
+    base, head = read({"spike": {"min_bytes": 1}}), read({"spike": {"min_bytes": 1, "new_knob": 3}})
+    assert policy_changes(base, head) == [PolicyChange("detect.spike.new_knob", None, 3, False)]
 
 
 def test_a_threshold_of_the_wrong_type_is_bad_input_naming_it():

@@ -87,11 +87,19 @@ how many steps it hit and MAX_STEPS_LISTED of them spread over the hits (`record
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import (
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    model_serializer,
+    model_validator,
+)
 
 from ..common.strict import Strict
 from .at_rest import (
@@ -228,32 +236,44 @@ class DetectSpec(Strict):
 
 
 class AppliedDetect(DetectSpec):
-    """`detect` in a summary: the thresholds a run applied, typed, and written back as its
-    writer gave them. A detector, or a threshold, newer than the file stays absent (the gate
-    tells a check a pull request adds from one it moves), and a detector this kvmem does not
-    know is kept as it is."""
+    """`detect` in a summary: the thresholds a run applied, typed, and the file's blocks kept
+    as its writer gave them. A detector, or a threshold, newer than the file stays absent (the
+    gate tells a check a pull request adds from one it moves); one newer than this kvmem, a
+    whole detector or a key in a known one (the judge reads what a pull request's kvmem
+    wrote), is kept, and typed access has none of it. A known threshold of a type this kvmem
+    does not read is bad input: no default may stand for what the run applied, and a change of
+    type is a new summary schema, not an addition."""
 
     model_config = ConfigDict(extra="allow")
 
-    @model_serializer(mode="wrap")
-    def _given(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        declared = type(self).model_fields
-        return {name: ({key: value for key, value in block.items()
-                        if key in getattr(self, name).model_fields_set}
-                       if name in declared else block)
-                for name, block in data.items()
-                if name not in declared or name in self.model_fields_set}
+    _file: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _read(cls, data: Any,
+              handler: ModelWrapValidatorHandler[AppliedDetect]) -> AppliedDetect:
+        if not isinstance(data, dict):
+            return handler(data)
+        known = {name: ({key: value for key, value in block.items()
+                         if key in DETECTORS[name].thresholds.model_fields}
+                        if name in DETECTORS and isinstance(block, dict) else block)
+                 for name, block in data.items()}
+        applied = handler(known)
+        applied._file = copy.deepcopy(data)  # a caller's dict may change later
+        return applied
+
+    @model_serializer(mode="plain")
+    def _given(self) -> dict[str, Any]:
+        return self._file
 
     @classmethod
     def of(cls, spec: DetectSpec) -> AppliedDetect:
         """Every detector's thresholds a run applies under `spec`, each of them given."""
-        return cls.model_validate(spec.model_dump())
+        return cls.model_validate(spec.model_dump(mode="json"))
 
     def given(self) -> dict[str, dict[str, Any]]:
-        """Each detector's thresholds the file gave, by name, as JSON values."""
-        given: dict[str, dict[str, Any]] = self.model_dump(mode="json")
-        return given
+        """Each detector's thresholds the file gave, by name, in its order, as JSON values."""
+        return copy.deepcopy(self._file)
 
 
 def detect(frame: pd.DataFrame, thresholds: DetectSpec, backend: str) -> list[Finding]:
