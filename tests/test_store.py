@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import ast
 import json
-import subprocess
 from pathlib import Path, PurePosixPath
 
 import pytest
 
-from harness.store import StoreError, git
+from harness.store import StoreError
+from harness.store import git as revision
 from harness.store.summaries import baselines_at, baselines_in
 from tests.summaries import MiB, summary
+from tests.test_gate_pr import commit, git, init_repository
 
 HARNESS = Path(__file__).resolve().parent.parent / "harness"
 STORE = HARNESS / "store"
@@ -27,7 +28,7 @@ STORE = HARNESS / "store"
 READS = {"read_bytes", "read_text", "open", "read_csv", "rglob", "glob", "iterdir", "load",
          "loads"}
 STORED = {"summary.json", "samples.csv", "holders.csv", "requests.csv", "history.json",
-          "*.json", "SAMPLES", "HOLDERS", "REQUESTS"}  # names of files, and report/folder.py's
+          "*.json", "SAMPLES", "HOLDERS", "REQUESTS"}  # names of files, and report/writing.py's
 GIT_READS = {"ls-tree", "cat-file"}  # git's commands that read a revision's files
 PARSERS = {"summary_from_bytes"}  # stored bytes to a summary: the store's to call
 
@@ -97,22 +98,16 @@ def test_the_scan_finds_each_way_of_reading_and_no_write():
         "line 7: summary_from_bytes"]
 
 
-def _git(top: Path, *args: str) -> str:
-    done = subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=top,
-                          capture_output=True, text=True, check=True)
-    return done.stdout.strip()
-
-
-def test_baselines_are_read_alike_from_a_revision_and_from_the_tree(tmp_path):
+def test_baselines_are_read_alike_from_a_revision_and_from_the_tree(tmp_path, monkeypatch):
     """The base's baselines come from the commit, whatever the tree holds now; the tree's
     leave out what an interrupted atomic write left (a hidden name)."""
+    monkeypatch.chdir(tmp_path)
     folder = tmp_path / "baselines" / "cpu" / "s"
     folder.mkdir(parents=True)
     (folder / "v.json").write_text(json.dumps(summary("s", "v", peak=10 * MiB)))
-    _git(tmp_path, "init", "-q")
-    _git(tmp_path, "add", ".")
-    _git(tmp_path, "commit", "-q", "-m", "base")
-    sha = _git(tmp_path, "rev-parse", "HEAD")
+    init_repository()
+    commit("base")
+    sha = git("rev-parse", "HEAD").strip()
     (folder / "v.json").write_text(json.dumps(summary("s", "v", peak=12 * MiB)))
     (folder / ".v.json.x1.json").write_text("half written")
     at = baselines_at(sha, tmp_path, PurePosixPath("baselines"), "main:baselines")
@@ -125,9 +120,10 @@ def test_baselines_are_read_alike_from_a_revision_and_from_the_tree(tmp_path):
     assert baselines_in(tmp_path / "elsewhere", "elsewhere") == {}
 
 
-def test_a_revision_git_does_not_know_is_bad_input_naming_it(tmp_path):
-    _git(tmp_path, "init", "-q")
+def test_a_revision_git_does_not_know_is_bad_input_naming_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    init_repository()
     with pytest.raises(StoreError, match=r"^--base 'nope': no such commit in "):
-        git.commit("nope", tmp_path)
+        revision.commit("nope", tmp_path)
     with pytest.raises(StoreError, match=r"^--base '-x': not a revision$"):
-        git.commit("-x", tmp_path)
+        revision.commit("-x", tmp_path)
