@@ -23,7 +23,6 @@ LAYERS = (
     ("harness.adopt", "harness.gate"),  # `kvmem init`; the gate reads summaries, never runs
     ("harness.run",),                   # engines, probe, one process per variant, the suite
     ("harness.store",),                 # stored results read back: summaries, rows, git, record
-    ("harness.store",),                 # stored results read back: summaries, rows, git, record
     ("harness.report",),                # report folders, plots, terminal tables
     ("harness.scenario",),              # scenario files: schema, loading, checks
     ("harness.judge",),                 # samples → metrics, findings, expectations, summary
