@@ -6,6 +6,10 @@ the nightly record are opened here alone, from the working tree (`summaries`, `r
 summary by `harness.judge.summary`, the nightly record by `harness.gate.nightly`): the store
 finds the files, reads them and hands over bytes, rows or models, so a reader's errors (a
 file that cannot be read, a revision git does not know) are worded once.
+
+Its layer lies below `run/` (merge reads shards through it; gate and the command line sit
+higher still) and above `report/`, whose file names it reads back, and `judge/`, whose
+`Summary` it hands over.
 """
 
 from __future__ import annotations
