@@ -21,6 +21,7 @@ LAYERS = (
     ("harness", "harness.__main__", "harness.cli", "harness.pytest_plugin",  # entry points,
      "harness.protocols", "harness.geometry", "harness.units"),  # and moved names' old paths
     ("harness.adopt", "harness.gate"),  # `kvmem init`; the gate reads summaries, never runs
+    ("harness.record",),                # kvmem record: a command kvmem did not start, sampled
     ("harness.run",),                   # engines, probe, one process per variant, the suite
     ("harness.store",),                 # stored results read back: summaries, rows, git, record
     ("harness.report",),                # report folders, plots, terminal tables

@@ -27,9 +27,9 @@ from harness.judge.detectors import DetectSpec
 from harness.judge.over_time import DriftThresholds, drift, fit, parse_rate
 from harness.models.folder import folder
 from harness.models.loading import ModelChoice
-from harness.run.followed import Process, Walk, combine, holder_rows, next_walk
+from harness.record.followed import Process, Walk, combine, holder_rows, next_walk
+from harness.record.recording import default_name
 from harness.run.probe import ROW
-from harness.run.record import default_name
 from tests.conftest import SMALL_MODEL
 
 ROOT = Path(__file__).resolve().parent.parent

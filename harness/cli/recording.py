@@ -1,5 +1,5 @@
 """`kvmem record [options] -- COMMAND...`: profile a command kvmem did not configure
-(harness.run.record), or send a scenario's traffic to it (`--traffic`)."""
+(harness.record.recording), or send a scenario's traffic to it (`--traffic`)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def record(args: argparse.Namespace, console: Console) -> int:
         return _traffic(args, console)
     if args.variant:
         raise BadInput("--variant: names a variant of --traffic's scenario; no --traffic given")
-    from ..run import record as recorder  # MLX, pandas and matplotlib: once the input is read
+    from ..record import recording as recorder  # MLX, pandas and matplotlib: once the input is read
 
     settings = recorder.Settings(
         command=list(args.words), out=Path(args.out),
@@ -85,7 +85,7 @@ def _traffic(args: argparse.Namespace, console: Console) -> int:
     if args.no_holders:
         raise BadInput("--no-holders: not with --traffic (the scenario's sampling.holders says "
                        "whether its variants walk their holders)")
-    from ..run import record as recorder
+    from ..record import recording as recorder
 
     changes: dict[str, Any] = {field: getattr(args, name) for name, field in _SERVER_OPTIONS.items()
                                if getattr(args, name) is not None}

@@ -1,5 +1,5 @@
 """A command kvmem starts with its agent injected, and the agent's connection: what serve mode
-(`harness.run.server_engine`) and `kvmem record` (`harness.run.record`) share.
+(`harness.run.server_engine`) and `kvmem record` (`harness.record.recording`) share.
 
 kvmem puts the agent (`harness.agent`) on the command's `PYTHONPATH` with the address and key of
 a local listener; the agent connects back, says hello and answers commands with the rows it

@@ -10,7 +10,7 @@ harness.judge.over_time). With `--traffic`, a scenario's HTTP traffic is sent to
 through serve mode itself (`with_command`).
 
 The agent follows the command's Python children (`subprocess`, `multiprocessing`, `os.fork`),
-each sampled on its own and summed (`harness.run.followed`): `processes.csv` holds every
+each sampled on its own and summed (`harness.record.followed`): `processes.csv` holds every
 process's rows, the summary each one's figures and what kvmem could not see.
 
 The first process's agent also walks the holders of its MLX arrays (`harness.agent.kvmem_holders`)
@@ -55,16 +55,16 @@ from ..judge.metrics import RunFacts
 from ..judge.over_time import describe, fit, per_second
 from ..judge.summary import ModelFacts, Summary
 from ..report import writing as report
+from ..run.agented import Agented, AgentSettings, ServerError
+from ..run.environment import environment as describe_environment
+from ..run.judged import Measured
+from ..run.judged import summarize as judged
+from ..run.probe import to_frame
+from ..run.server_engine import free_port
+from ..run.suite import write
 from ..scenario import Variant
 from ..scenario.server import ServerSpec
-from .agented import Agented, AgentSettings, ServerError
-from .environment import environment as describe_environment
 from .followed import REPLY_TIMEOUT, Family, Walk, combine, holder_rows, next_walk, origin
-from .judged import Measured
-from .judged import summarize as judged
-from .probe import to_frame
-from .server_engine import free_port
-from .suite import write
 
 if TYPE_CHECKING:
     import numpy as np

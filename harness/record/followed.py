@@ -22,10 +22,10 @@ import numpy as np
 import psutil
 
 from ..agent.kvmem_sample import PHASES, Sample
-from .agented import Followers, ServerError
-from .holders_log import HolderLog
-from .holders_log import frame as holders_frame
-from .probe import ROW
+from ..run.agented import Followers, ServerError
+from ..run.holders_log import HolderLog
+from ..run.holders_log import frame as holders_frame
+from ..run.probe import ROW
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
