@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from harness.run.suite import run_variants
+from harness.pipeline.suite import run_variants
 from harness.scenario import load_variants
 
 ROOT = Path(__file__).resolve().parents[1]

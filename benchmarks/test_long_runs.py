@@ -33,11 +33,11 @@ from harness.common.units import MiB
 from harness.judge.summary import ModelFacts
 from harness.models.folder import folder
 from harness.models.loading import ModelChoice
+from harness.pipeline.isolation import RunOutcome
+from harness.pipeline.suite import requests_frame, summarize, write
 from harness.run.environment import environment
-from harness.run.isolation import RunOutcome
 from harness.run.probe import REQUEST, ROW, Probe
 from harness.run.server_engine import ServerEngine
-from harness.run.suite import requests_frame, summarize, write
 from harness.scenario import ScenarioSpec, Variant
 
 FIXTURES = Path(__file__).parents[1] / "tests" / "fixtures" / "server"

@@ -22,7 +22,8 @@ LAYERS = (
      "harness.protocols", "harness.geometry", "harness.units"),  # and moved names' old paths
     ("harness.adopt", "harness.gate"),  # `kvmem init`; the gate reads summaries, never runs
     ("harness.record",),                # kvmem record: a command kvmem did not start, sampled
-    ("harness.run",),                   # engines, probe, one process per variant, the suite
+    ("harness.pipeline",),              # the orchestrator: variants end to end, one process each
+    ("harness.run",),                   # measuring one variant: engines, the probe, the environment
     ("harness.store",),                 # stored results read back: summaries, rows, git, record
     ("harness.report",),                # report folders, plots, terminal tables
     ("harness.scenario",),              # scenario files: schema, loading, checks
@@ -174,7 +175,7 @@ def test_a_string_that_names_no_module_is_no_edge():
 
 def test_a_layer_is_found_by_its_longest_package():
     assert layer("harness") == 0 and layer("harness.cli") == 0
-    assert layer("harness.run.suite") == LAYERS.index(("harness.run",))
+    assert layer("harness.run.probe") == LAYERS.index(("harness.run",))
     assert layer("harness.common.units") == len(LAYERS) - 1
     assert layer("reference_impl.rotating") == LAYERS.index(("reference_impl",))
 

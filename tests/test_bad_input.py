@@ -585,7 +585,7 @@ run()
 
 
 @pytest.mark.parametrize("module", ["harness.cli", "rich.console", "harness.scenario.schema",
-                                    "harness.gate.render", "harness.run.suite"])
+                                    "harness.gate.render", "harness.pipeline.suite"])
 def test_ctrl_c_while_the_command_line_imports_is_one_line_and_130(tmp_path, module):
     path = tmp_path / "tiny.yaml"
     path.write_text(TINY)
@@ -605,7 +605,7 @@ import os, signal, sys
 if "--multiprocessing-fork" in sys.argv:
     class Interrupt:
         def find_spec(self, name, path=None, target=None):
-            if name == "harness.run.isolation":
+            if name == "harness.pipeline.isolation":
                 sys.meta_path.remove(self)
                 os.kill(os.getpid(), signal.SIGINT)
             return None

@@ -330,7 +330,7 @@ def run_trim(root: Path, runs: int, scenario: str = TRIM_SCENARIO) -> list[Path]
 
     from rich.console import Console
 
-    from harness.run.suite import run_variants
+    from harness.pipeline.suite import run_variants
     from harness.scenario import load_variants as load
 
     path = root / "scenario.yaml"

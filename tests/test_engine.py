@@ -123,8 +123,8 @@ def test_an_engine_is_one_module_imported_where_its_name_is_looked_up(monkeypatc
     """The class `engine_class` imports for a name, at the time it is named, is what sizes,
     serves and is judged as any engine's: a module implementing the engine protocol, put in
     the place of the synthetic engine's."""
+    from harness.pipeline.isolation import estimate_bytes
     from harness.run import synthetic_engine
-    from harness.run.isolation import estimate_bytes
     from tests.conftest import serve_with_engine
     from tests.fixtures.quiet_engine import ESTIMATE, QuietEngine
 

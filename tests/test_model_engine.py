@@ -17,8 +17,8 @@ from mlx_lm.utils import _get_classes, save_config, save_model
 from harness.judge.summary import ModelFacts
 from harness.models import loading as models
 from harness.models import presets
+from harness.pipeline.isolation import estimate_bytes
 from harness.run.engine_choice import create
-from harness.run.isolation import estimate_bytes
 from harness.run.model_engine import ModelEngine
 from harness.run.probe import Probe
 from harness.scenario import ScenarioSpec

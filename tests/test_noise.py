@@ -10,8 +10,8 @@ from rich.console import Console
 
 from harness.cli import main
 from harness.judge.summary import Summary, parse
+from harness.pipeline.repeat import block, combine, warnings
 from harness.report.console import noise as table
-from harness.run.repeat import block, combine, warnings
 from tests.summaries import MiB, summary
 
 # One layer, one short request: a run takes about a second, most of it the child's imports.

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.common.units import GiB, MiB
-from harness.run.isolation import estimate_bytes
+from harness.pipeline.isolation import estimate_bytes
 from harness.scenario import ScenarioSpec
 from harness.scenario import load_variants as load
 from tests.conftest import kinds_and_failures

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from harness.common.units import MiB
+from harness.pipeline.isolation import execute
+from harness.pipeline.suite import summarize
 from harness.run.environment import environment
-from harness.run.isolation import execute
-from harness.run.suite import summarize
 from harness.scenario import ScenarioSpec
 from harness.scenario import load_variants as load
 from tests.conftest import kinds_and_failures

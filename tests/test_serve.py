@@ -22,10 +22,10 @@ from harness.agent.kvmem_sample import PHASES
 from harness.common.units import MiB
 from harness.judge import frames
 from harness.judge.summary import Environment
+from harness.pipeline.isolation import estimate_bytes, execute
+from harness.pipeline.suite import summarize
 from harness.run import traffic
-from harness.run.isolation import estimate_bytes, execute
 from harness.run.server_engine import AGENT_DIR
-from harness.run.suite import summarize
 from harness.scenario import ScenarioError, load_variants
 from harness.scenario.server import HttpSpec
 from tests.conftest import make_spec, serve_with_engine

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.common.units import KiB
-from harness.run.suite import run_variants
+from harness.pipeline.suite import run_variants
 from harness.scenario import Variant, load_variants
 from tests.processes import started_under, tagged
 

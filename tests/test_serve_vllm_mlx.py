@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.run.suite import run_variants
+from harness.pipeline.suite import run_variants
 from harness.scenario import load_variants
 from tests.processes import started_under, tagged
 

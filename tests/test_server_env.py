@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from harness.judge.summary import Environment
+from harness.pipeline.isolation import execute
+from harness.pipeline.suite import summarize
 from harness.run import server_env
-from harness.run.isolation import execute
-from harness.run.suite import summarize
 from harness.scenario import load_variants
 from harness.scenario.server import ServerSpec
 from tests.test_serve import ENTRY, fake, servers

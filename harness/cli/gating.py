@@ -73,8 +73,8 @@ def _suite(args: argparse.Namespace, console: Console) -> list[Summary]:
         return options.summaries([args.source])
     variants = options.as_gated(options.variants(args.paths or [str(options.DEFAULT_SCENARIOS)],
                                               console=console))
-    from ..run import repeat
-    from ..run.suite import run_variants
+    from ..pipeline import repeat
+    from ..pipeline.suite import run_variants
 
     if runs > 1:
         results = repeat.run_repeated(variants, runs, Path(args.reports), console, args.jobs)

@@ -25,8 +25,8 @@ from ..gate.form import as_gated as as_gated  # the commands' own, as the gate m
 from ..gate.formats import RENDERERS
 from ..gate.nightly import parse_date
 from ..judge.summary import Summary
-from ..run.defaults import usable_cores
-from ..run.selection import variants as variants  # the commands' own, as the gate reads them
+from ..pipeline.defaults import usable_cores
+from ..pipeline.selection import variants as variants  # the commands' own, as the gate reads them
 from ..scenario import Variant
 from ..store.summaries import summaries_under
 

@@ -93,7 +93,7 @@ def _traffic(args: argparse.Namespace, console: Console) -> int:
     # --duration is `run --duration`'s soak there: the traffic starts over until it passes.
     variants = options.soaked(options.variants([args.traffic], args.variant, console),
                               args.duration, False)
-    from ..run.suite import run_variants
+    from ..pipeline.suite import run_variants
 
     summaries = run_variants(recorder.with_command(variants, list(args.words), changes),
                              Path(args.out), console)

@@ -9,8 +9,8 @@ from pathlib import Path
 from rich.console import Console
 
 from ..judge.summary import exit_status
+from ..pipeline.defaults import DEFAULT_OUT, DEFAULT_RUNS, DEFAULT_TIMEOUT
 from ..report import console as term
-from ..run.defaults import DEFAULT_OUT, DEFAULT_RUNS, DEFAULT_TIMEOUT
 from ..scenario import packaged
 from . import options
 
@@ -20,8 +20,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
                               args.duration, args.fail_fast)
     if args.gated:
         variants = options.as_gated(variants)
-    from ..run.schedule import shard
-    from ..run.suite import Interrupted, run_variants
+    from ..pipeline.schedule import shard
+    from ..pipeline.suite import Interrupted, run_variants
 
     if args.shard:
         variants = shard(variants, *args.shard)
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
 
 def merge(args: argparse.Namespace, console: Console) -> int:
-    from ..run.merge import merge
+    from ..pipeline.merge import merge
 
     summaries = merge([Path(p) for p in args.folders], Path(args.out), console)
     console.print(term.results(summaries))
@@ -59,7 +59,7 @@ def noise(args: argparse.Namespace, console: Console) -> int:
     variants = options.variants(args.paths, args.variant, console)
     if args.gated:
         variants = options.as_gated(variants)
-    from ..run import repeat
+    from ..pipeline import repeat
 
     summaries = repeat.run_repeated(variants, args.runs, Path(args.out), console, args.jobs)
     console.print(term.noise(summaries))

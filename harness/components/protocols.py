@@ -12,7 +12,7 @@ Two sizes, sampled after every step:
 - `host_bytes`: bytes the component holds outside MLX (Python `bytes`, NumPy arrays, queued
   writes), which only the process RSS sees.
 
-Size check: before a variant runs, `harness.run.isolation.estimate_bytes` adds what each factory
+Size check: before a variant runs, `harness.pipeline.isolation.estimate_bytes` adds what each factory
 declares through an optional `estimate_bytes` attribute (a function attribute, classmethod or
 staticmethod): `estimate_bytes(layer, tokens, **options)` for a layer cache factory, the bytes
 it allocates for `tokens` tokens when that is more than twice their K/V (a window allocated up

@@ -18,8 +18,8 @@ from rich.markup import escape
 
 from ..common.errors import BadInput, no_summaries
 from ..judge.summary import Summary, exit_status
+from ..pipeline.selection import variants
 from ..report import console as term
-from ..run.selection import variants
 from ..store.summaries import read_summary, summaries_under
 from .definition import HeadFiles, Key
 from .form import as_gated
@@ -62,7 +62,7 @@ def measured(paths: Sequence[str], source: str | None, reports: Path, jobs: int,
         errors.print(f"error: {escape(str(exc))}", highlight=False)
         return Head((), {}, HeadFiles(top, paths), str(exc))
     if not source:
-        from ..run.suite import run_variants
+        from ..pipeline.suite import run_variants
 
         ran = run_variants(chosen, reports, errors, jobs=jobs)
         errors.print(term.results(ran))

@@ -29,14 +29,13 @@ from ..judge.detectors import AppliedDetect
 from ..judge.metrics import METRICS, RunFacts, gated
 from ..judge.records import Expectation, Finding
 from ..judge.summary import Series, Summary
-from ..judge.verdict import judge
+from ..judge.verdict import SERVED, judge
 from ..scenario import ScenarioSpec
 from ..store.rows import judged_rows
 from .compare import FAILED, Comparison
 from .policy import ACCEPT_LABEL
 
 Key = tuple[str, str]  # scenario, variant
-SERVED = ("ok", "interrupted")  # statuses whose rows are judged (harness.run.suite)
 SHOWN = 3  # disagreements a refusal spells out
 
 

@@ -127,7 +127,7 @@ class Span(_Given):
 
 
 class NoiseBlock(_Given):
-    """A repeated measurement's record (harness.run.repeat): runs, the span of each step-peak
+    """A repeated measurement's record (harness.pipeline.repeat): runs, the span of each step-peak
     metric under its name, the exact metrics that differed, and in how many runs the
     expectations held."""
 

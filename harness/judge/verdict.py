@@ -1,7 +1,7 @@
 """Judging a run: its rows and what its scenario asks give the findings, figures and
 expectations its summary records.
 
-One recipe, applied twice: the run judges what it sampled (harness.run.judged, for `run`,
+One recipe, applied twice: the run judges what it sampled (harness.pipeline.judged, for `run`,
 `noise` and `record` alike), and the gate judges again the rows a report folder holds, with its
 own code and the scenario as it reads it (harness.gate.rejudge), so that the figures a measured
 process could rewrite in summary.json never decide a verdict.

@@ -54,14 +54,14 @@ from ..judge.expect import ExpectSpec
 from ..judge.metrics import RunFacts
 from ..judge.over_time import describe, fit, per_second
 from ..judge.summary import ModelFacts, Summary
+from ..pipeline.judged import Measured
+from ..pipeline.judged import summarize as judged
+from ..pipeline.suite import write
 from ..report import writing as report
 from ..run.agented import Agented, AgentSettings, ServerError
 from ..run.environment import environment as describe_environment
-from ..run.judged import Measured
-from ..run.judged import summarize as judged
 from ..run.probe import to_frame
 from ..run.server_engine import free_port
-from ..run.suite import write
 from ..scenario import Variant
 from ..scenario.server import ServerSpec
 from .followed import REPLY_TIMEOUT, Family, Walk, combine, holder_rows, next_walk, origin
@@ -338,7 +338,7 @@ def thresholds(settings: Settings) -> DetectSpec:
 def summarize(settings: Settings, frame: pd.DataFrame, ending: Ending, wall_s: float,
               processes: list[dict[str, Any]], notes: list[str],
               holders: pd.DataFrame) -> Summary:
-    """The recording's summary, as `run` writes one (harness.run.judged): findings, with the
+    """The recording's summary, as `run` writes one (harness.pipeline.judged): findings, with the
     holders they name, and expectations where sampling went as planned, the figures of
     whatever samples there are."""
     run = Measured(

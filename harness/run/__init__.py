@@ -1,2 +1,3 @@
-"""Running a scenario: engines behind one protocol, the probe, one process per variant,
-scheduling, the suite end to end, repeated runs and merged shards."""
+"""Measuring one variant in the process that serves it: engines behind one protocol, the
+request loop, a server started with the agent and the traffic sent to it, the probe and its
+rows, and the environment a run was measured on."""

@@ -7,7 +7,7 @@ release. A chat runs its turns against one session. Every chunk, token, fetch an
 step bracketed by the probe, and an idle sample follows each request or turn. An engine gives
 `prepare` (what exists before the baseline: K/V pools, or a model's weights, and the
 geometry), `make_caches` (a request's fresh caches) and `generate` (a prompt's prefill and
-decode). The loop serves in whatever process creates it: `harness.run.isolation.execute`
+decode). The loop serves in whatever process creates it: `harness.pipeline.isolation.execute`
 creates one in a child process per variant, the scenario tests and the benchmark in their own.
 """
 

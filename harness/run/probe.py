@@ -14,7 +14,7 @@ the holders of the live arrays are walked (`at_rest`'s census: the rows' `buffer
 run's baseline sample.
 
 MLX's functions are bound when this module is imported, which in a variant's process is before
-any component (`harness.run.isolation` imports it as the child starts), and read through those
+any component (`harness.pipeline.isolation` imports it as the child starts), and read through those
 references: a component that replaces `mx.get_active_memory` changes no reading, and the next
 step fails the run naming what replaced it (`CounterReplaced`).
 

@@ -1,17 +1,17 @@
 """Runs scenario variants end to end: execute, detect, check, write the reports.
 
-`run_variants` runs each variant once in its own process (`harness.run.isolation.execute`),
-then `summarize` (samples, findings, and the summary of harness.run.judged) and the report
+`run_variants` runs each variant once in its own process (`harness.pipeline.isolation.execute`),
+then `summarize` (samples, findings, and the summary of harness.pipeline.judged) and the report
 writer; with `jobs` > 1 several children run at once, admitted by memory
-(`harness.run.schedule`), and each report is written from the main thread as its run finishes.
-`harness.run.repeat` runs the whole list N times through it and keeps each variant's median run
+(`harness.pipeline.schedule`), and each report is written from the main thread as its run finishes.
+`harness.pipeline.repeat` runs the whole list N times through it and keeps each variant's median run
 with its measured spread.
 Ctrl-C or SIGTERM during `run_variants` stops the variants running, each of which reports what
 it sampled (status `interrupted`), starts no other, and raises `Interrupted` with the
 summaries written; a second one stops at once, as an interrupt always did.
 `harness.cli` chooses between them: `run` and `baseline check` call `run_variants`, `noise`
 calls `run_repeated`, `baseline update` either (`--runs N` > 1 repeats); both baseline commands
-read existing reports instead when given `--from`; `merge` (harness.run.merge) joins the
+read existing reports instead when given `--from`; `merge` (harness.pipeline.merge) joins the
 reports of sharded runs. The scenario tests serve reduced specs in their own process through
 the engine (tests/conftest.py) or call `execute` and `summarize`; the gate's end-to-end tests
 call `run_variants`.
@@ -39,17 +39,17 @@ from ..judge.summary import Environment, Summary
 from ..report import writing as report
 from ..report.console import progress_bars, warn
 from ..report.plots import plot_overlay
+from ..run.environment import environment as describe_environment
+from ..run.environment import model_folder
+from ..run.holders_log import frame as holders_frame
+from ..run.probe import to_frame
+from ..run.workdirs import sweep
 from ..scenario import ScenarioSpec, Variant
 from .defaults import DEFAULT_TIMEOUT
-from .environment import environment as describe_environment
-from .environment import model_folder
-from .holders_log import frame as holders_frame
 from .isolation import RunOutcome, execute
 from .judged import Measured
 from .judged import summarize as judged
-from .probe import to_frame
 from .schedule import Scheduler, in_parallel, planned_steps
-from .workdirs import sweep
 
 Ran = tuple[TaskID, RunOutcome | None]  # a variant's bar and what its run gave (None: not run)
 

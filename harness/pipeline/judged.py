@@ -1,6 +1,6 @@
 """A run's summary: its samples judged (harness.judge.verdict) and written down with what the run
-says of itself. One recipe for every command that measures: `run` (harness.run.suite), with
-`noise` and `baseline update --runs` through it (harness.run.repeat), and `record`.
+says of itself. One recipe for every command that measures: `run` (harness.pipeline.suite), with
+`noise` and `baseline update --runs` through it (harness.pipeline.repeat), and `record`.
 """
 
 from __future__ import annotations

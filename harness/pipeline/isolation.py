@@ -29,7 +29,7 @@ folders it leaves are removed (`harness.run.workdirs`).
 The child works in two phases so that the parent can schedule by memory without importing user
 code: it computes its footprint estimate (which may import components), sends it (`Estimate`),
 and waits for the parent's verdict (`admit`): serve, or a refusal message
-(`harness.run.schedule` decides). Its last message, `Ended`, says how its run ended.
+(`harness.pipeline.schedule` decides). Its last message, `Ended`, says how its run ended.
 """
 
 from __future__ import annotations
@@ -53,14 +53,14 @@ import psutil
 from ..common.child import CONTEXT, Child, how
 from ..common.units import GiB
 from ..judge.summary import ModelFacts
+from ..run import holders_log
+from ..run.engine_choice import create, engine_class
+from ..run.engines import RunFailure
+from ..run.probe import REQUEST, REQUESTS_SPOOL, ROW, SAMPLES_SPOOL, CounterReplaced, Probe
+from ..run.rows import read
+from ..run.workdirs import ROWS, made, sweep
 from ..scenario import ScenarioSpec, Variant
-from . import holders_log
 from .defaults import DEFAULT_TIMEOUT
-from .engine_choice import create, engine_class
-from .engines import RunFailure
-from .probe import REQUEST, REQUESTS_SPOOL, ROW, SAMPLES_SPOOL, CounterReplaced, Probe
-from .rows import read
-from .workdirs import ROWS, made, sweep
 
 NOTE_BYTES = 200  # the longest progress note a child shows beside its bar
 INTERRUPT_GRACE = 30.0  # seconds an interrupted child has to stop its work and report

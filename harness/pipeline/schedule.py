@@ -2,7 +2,7 @@
 
 Admission: a variant's footprint estimate is computed in its own child (it may import user
 components, which the parent never does), so the parent learns it before the child serves
-(`harness.run.isolation.execute` asks `Scheduler.admit`). A variant starts only when one of the
+(`harness.pipeline.isolation.execute` asks `Scheduler.admit`). A variant starts only when one of the
 `jobs` is free and its estimate fits in the available memory minus the estimates of the
 variants already serving; the memory the running ones use is then counted twice (once in what
 is available, once in their estimates), which errs on the side of waiting. A variant that does
