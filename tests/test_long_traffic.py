@@ -349,7 +349,7 @@ def test_a_long_run_in_a_log_prints_its_note_once_a_minute(monkeypatch):
     from rich.console import Console
     from rich.progress import Progress
 
-    from harness.run import suite
+    from harness.pipeline import suite
 
     out = io.StringIO()
     progress = Progress(console=Console(file=out))
