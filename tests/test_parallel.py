@@ -18,11 +18,11 @@ import pytest
 from harness.cli import main, parser
 from harness.common.units import GiB, MiB
 from harness.judge.metrics import exact
+from harness.pipeline import isolation
 from harness.pipeline.defaults import usable_cores
 from harness.pipeline.isolation import estimate_bytes
 from harness.pipeline.schedule import Scheduler, shard, shards
 from harness.pipeline.suite import run_variants
-from harness.pipeline import isolation
 from harness.scenario import Variant, load_variants
 from tests.conftest import make_spec
 from tests.test_isolation import CRASHES
