@@ -31,6 +31,7 @@ import sys
 import time
 from collections.abc import Callable, Collection
 from functools import partial
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +69,11 @@ ROW = np.dtype([
     ("buffers", np.int32), ("arrays", np.int32),
 ])
 COLUMNS: tuple[str, ...] = ROW.names or ()  # a structured dtype's names: never None
+# The step's own columns, appended to a sample's fields; `phase` is the sample's, as an index.
+OWN = ("step", "phase", "host", "minimum", "work")
+# A row's values picked by name once, here, not per step: `add` runs on every step.
+_PICK = itemgetter(*(len(Sample._fields) + OWN.index(name) if name in OWN
+                     else Sample._fields.index(name) for name in COLUMNS))
 
 
 # One request a server was sent (serve mode): when it was sent, when its first streamed token
@@ -230,9 +236,8 @@ class Probe:
     def add(self, sample: Sample, *, host: int = 0, minimum: int = 0, work: int = 0) -> None:
         """Append one sample with the step's own columns (a server's agent takes its samples
         elsewhere; `end` takes its own)."""
-        values = sample._asdict() | {"step": len(self._rows), "phase": PHASES.index(sample.phase),
-                                     "host": host, "minimum": minimum, "work": work}
-        self._rows.append(tuple(values[name] for name in COLUMNS))
+        self._rows.append(_PICK((*sample, len(self._rows), PHASES.index(sample.phase), host,
+                                 minimum, work)))
 
     def request(self, index: int, sent: float, first: float | None, done: float,
                 prompt_tokens: int, completion_tokens: int, disconnected: bool) -> None:
