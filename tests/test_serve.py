@@ -5,6 +5,7 @@ second. The agent, the traffic, server failures and the detectors on a server's 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -517,8 +518,10 @@ def test_kvmem_run_shows_a_server_that_exits_at_once_and_exits_2(tmp_path: Path,
                            str(tmp_path / "out")], capture_output=True, text=True,
                           env={**os.environ, "COLUMNS": "200"}, timeout=120)
     assert done.returncode == 2
-    assert ("fake/default: the server exited with status 1 before its agent connected; the "
-            "server's last output:\nno model here") in done.stdout
+    # When kvmem sees it go depends on the machine's load: the agent starts with the
+    # interpreter, so on a slow machine it may connect, or say hello, before the command exits.
+    assert re.search(r"fake/default: the server exited with status 1 before [^;\n]+; the "
+                     r"server's last output:\nno model here", done.stdout), done.stdout
 
 
 def test_a_server_whose_kvmem_hangs_up_without_stop_ends_itself() -> None:
