@@ -459,9 +459,11 @@ def test_concurrent_clients_and_interrupted_streams(model_path: str) -> None:
      "the server stopped completing requests at request 1; its port still answers (GET "
      "/v1/models answers HTTP 200): no reply within 1 s; at "),
     (["--fail-after", "2"], {}, "request 0: HTTP 500"),
-    ([], {"command": EXITS_AT_ONCE},
-     "the server exited with status 1 before its agent connected; the server's last output:\n"
-     "no model here"),
+    # When kvmem notices depends on the load: the agent, started with the interpreter, may
+    # connect or say hello before the command exits.
+    ([], {"command": EXITS_AT_ONCE}, re.compile(
+        r"the server exited with status 1 before [^;\n]+; the server's last output:\n"
+        r"no model here")),
     ([], {"command": "/no/such/server --port {port}"},
      "cannot start the server '/no/such/server': No such file or directory"),
     ([], {"logical": "fake_store:Nothing.nbytes"},
@@ -472,19 +474,21 @@ def test_concurrent_clients_and_interrupted_streams(model_path: str) -> None:
      "fake_store:Store: ValueError: Store names a class: expected module:Class.attribute"),
 ])
 def test_a_server_that_fails_fails_its_variant_and_leaves_nothing(
-        tmp_path: Path, model_path: str, args: list[str], server: dict, error: str) -> None:
+        tmp_path: Path, model_path: str, args: list[str], server: dict,
+        error: str | re.Pattern) -> None:
     import yaml
 
     path = tmp_path / "fails.yaml"
     path.write_text(yaml.safe_dump(fake(model_path, *args, **server)))
     (variant,) = load_variants(path)
     outcome = execute(variant, timeout=60)
+    found = error.search if isinstance(error, re.Pattern) else lambda text: error in text
     assert outcome.status == "failed"
-    assert error in outcome.error
+    assert found(outcome.error), outcome.error
     assert "Traceback" not in outcome.error
     assert not servers()
     _, _, summary = summarize(outcome, Environment(backend="cpu"), tmp_path)
-    assert summary.status == "failed" and error in summary.error
+    assert summary.status == "failed" and summary.error == outcome.error
 
 
 def test_a_variant_killed_mid_run_takes_its_server_with_it(tmp_path: Path,
